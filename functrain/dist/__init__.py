@@ -1,0 +1,1 @@
+"""Distribution: device meshes, sharding plans and the step's collectives."""

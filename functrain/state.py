@@ -1,0 +1,109 @@
+"""`TrainState`: everything a run is, as one frozen pytree, and `init` to build it from a model.
+
+Only tensors and plain scalars are leaves, so every part of the state saves and loads by its path
+(`params.fc.weight`, `opt_state.1.mu.fc.weight`, `timestamp.batch`, ...).
+
+Example:
+    >>> model = torch.nn.Linear(3, 2)
+    >>> state = functrain.init(model, functrain.optim.adamw(lr=1e-3), seed=0)
+    >>> sorted(state.params)
+    ['bias', 'weight']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .rng import RngState
+from .time import Timestamp
+from .tree import register_dataclass
+
+
+@register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """The whole training state.
+
+    Attributes:
+        step: number of optimizer steps taken.
+        params: `{fqn: tensor}` from `named_parameters()` (tied weights once, under their first
+            name). Tensors or DTensors.
+        buffers: `{fqn: tensor}` from `named_buffers()` (BatchNorm statistics, ...).
+        opt_state: the optimizer's state pytree (per-transform NamedTuples).
+        rng: the run's `RngState`; all randomness derives from it.
+        algo_state: `{algorithm name: pytree}` for EMA weights, SWA averages, loss scale, ...
+        timestamp: the epoch/batch/sample/token counters and the run's horizon.
+        extra: `{name: pytree}` for anything else that must checkpoint (callback state, the data
+            position); plain scalars and tensors only.
+    """
+
+    step: int
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    opt_state: Any
+    rng: RngState
+    algo_state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timestamp: Timestamp = dataclasses.field(default_factory=Timestamp)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> TrainState:
+        """A copy with some fields changed (the state itself is never modified)."""
+        return dataclasses.replace(self, **changes)
+
+
+def trainable_names(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters that require gradients (tied weights once)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def init(
+    model: torch.nn.Module,
+    optimizer: Any,
+    *,
+    seed: int = 0,
+    mesh: Any = None,
+    plan: Any = None,
+) -> TrainState:
+    """Build the initial `TrainState` of `model` trained by `optimizer`.
+
+    The state's tensors share storage with the model's (no copy is made). A pure step never writes
+    them; a donating step (`make_step(..., donate=True)`, the default inside `fit`) updates them in
+    place, so the model's own parameters follow training exactly as in a plain PyTorch loop.
+
+    Args:
+        model: the module to train. Parameters with `requires_grad=False` are kept in
+            `state.params` but get no optimizer state and are never updated.
+        optimizer: a `functrain.optim.Transform`.
+        seed: the run's seed; every random choice derives from it.
+        mesh: a device mesh from `functrain.dist.init_mesh` (None: one process, no sharding).
+        plan: a sharding plan name ("ddp", "fsdp", "hsdp", "tp", ...) or object; needs `mesh`.
+    Returns:
+        the initial `TrainState` at step 0.
+    Example:
+        >>> state = init(torch.nn.Linear(4, 2), functrain.optim.sgd(lr=0.1), seed=0)
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"init expects a torch.nn.Module, got {type(model).__name__}")
+    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        raise TypeError(
+            "init expects an optimizer Transform with .init and .update (for example "
+            f"functrain.optim.adamw(lr=1e-3)), got {type(optimizer).__name__}"
+        )
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    buffers = {name: b.detach() for name, b in model.named_buffers()}
+    if mesh is not None or plan is not None:
+        from .dist.plans import shard_params  # local import: dist pulls torch.distributed
+
+        params = shard_params(model, params, mesh=mesh, plan=plan)
+    trainable = set(trainable_names(model))
+    opt_state = optimizer.init({k: v for k, v in params.items() if k in trainable})
+    return TrainState(
+        step=0,
+        params=params,
+        buffers=buffers,
+        opt_state=opt_state,
+        rng=RngState(seed=int(seed)),
+    )
