@@ -1,0 +1,458 @@
+"""The training step: `(state, batch) -> (state, metrics)`, built from small named pieces.
+
+`make_step(model, loss_fn, optimizer)` returns a `Step`. Calling it runs, in order:
+
+    prepare(state, batch)                 -> batch        the data side (MixUp, resizing, ...)
+    grads(pieces, state, batch)           -> GradResult   forward + loss + gradients, microbatched;
+                                                          calls pieces.loss(model, batch)
+    transform_grads(grads, state)         -> grads        clipping, SAM's correction, ...
+    update(grads, state)                  -> state        optimizer + apply_updates
+    after_update(state)                   -> state        EMA, SWA, ...
+
+The pieces live in a `StepPieces` record on the step (`step.pieces`). A speedup algorithm is an
+`Algorithm` whose `apply` rewrites some pieces and leaves the others alone, so
+`compose(step, label_smoothing(0.1), ema())` is ordinary function composition.
+
+Purity contract: by default a step never modifies the input state (new tensors are returned, and
+BatchNorm statistics are updated on copies). `donate=True` (JAX's `donate_argnums`) lets the step
+reuse the input state's memory: parameters and optimizer state are updated in place and the input
+state must not be used afterwards. `fit` donates, as the loop owns the state.
+
+Randomness: modules that draw from torch's global generator (dropout, stochastic depth) run with
+that generator seeded from `key_for(state.rng, state.step, "forward", rank)` and restored after, so
+a run is a pure function of its seed.
+
+Example:
+    >>> model = torch.nn.Linear(4, 1)
+    >>> def loss_fn(model, batch):
+    ...     x, y = batch
+    ...     return torch.nn.functional.mse_loss(model(x), y)
+    >>> opt = functrain.optim.sgd(lr=0.1)
+    >>> state = functrain.init(model, opt, seed=0)
+    >>> step = make_step(model, loss_fn, opt)
+    >>> state, metrics = step(state, (torch.randn(8, 4), torch.randn(8, 1)))
+    >>> state.step
+    1
+"""
+
+# STEP-API-READY
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from . import precision as precision_lib
+from .batching import num_samples, split_batch
+from .dist import compute as dist_compute
+from .optim import apply_updates, current_lr, global_norm
+from .rng import seed_for, seeded_global_rng
+from .state import TrainState, trainable_names
+
+Batch = Any
+
+
+class GradResult(NamedTuple):
+    """What the `grads` piece returns."""
+
+    grads: dict[str, torch.Tensor]  # over trainable params, averaged over the batch
+    loss: torch.Tensor  # 0-d, mean over the batch (unscaled)
+    aux: dict[str, Any]  # from loss_fn
+    buffers: dict[str, torch.Tensor]  # buffers after the forward pass(es)
+
+
+class StepPieces(NamedTuple):
+    """The named pieces a step is made of (see the module docstring for the order)."""
+
+    prepare: Callable[[TrainState, Batch], Batch]
+    loss: Callable[[Callable, Batch], tuple[torch.Tensor, dict]]
+    grads: Callable[[StepPieces, TrainState, Batch], GradResult]
+    transform_grads: Callable[[dict, TrainState], dict]
+    update: Callable[[dict, TrainState], TrainState]
+    after_update: Callable[[TrainState], TrainState]
+    call_model: Callable[..., Any]
+
+
+class Algorithm(NamedTuple):
+    """A speedup method as a transform of the step's pieces.
+
+    Attributes:
+        name: its key in `state.algo_state`.
+        apply: `StepPieces -> StepPieces`.
+        init: `TrainState -> pytree`, the initial `state.algo_state[name]` (None: no state).
+        resumable: False when a resumed run cannot match the uninterrupted one exactly.
+    """
+
+    name: str
+    apply: Callable[[StepPieces], StepPieces]
+    init: Callable[[TrainState], Any] | None = None
+    resumable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The options of `make_step` (see its docstring)."""
+
+    precision: str = "fp32"
+    microbatch_size: int | str | None = None
+    weight_by: str = "samples"
+    count_tokens: Callable[[Batch], int] | None = None
+    skip_nonfinite: bool = False
+    donate: bool = False
+    grad_mode: str = "autograd"
+    report_grad_norms: bool = False
+
+
+class _LossModule(torch.nn.Module):
+    """Wraps `loss_fn(model, batch)` as a module so `functional_call` can swap the params in."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, loss_fn):
+        return loss_fn(self.model, batch)
+
+
+class _CallModule(torch.nn.Module):
+    """Wraps the model so `call_model` can run it with a state's params."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
+def normalize_loss(out: Any) -> tuple[torch.Tensor, dict]:
+    """`loss` or `(loss, aux)` from a loss function as `(loss, aux_dict)`."""
+    if isinstance(out, torch.Tensor):
+        loss, aux = out, {}
+    elif isinstance(out, (tuple, list)) and len(out) == 2:
+        loss, aux = out
+        aux = dict(aux) if isinstance(aux, dict) else {"aux": aux}
+    else:
+        raise TypeError(
+            "loss_fn(model, batch) must return a scalar tensor or (loss, aux_dict); "
+            f"got {type(out).__name__}"
+        )
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(
+            "loss_fn must return a scalar loss tensor (reduce it, e.g. with .mean()); got "
+            f"{'shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else type(loss)}"
+        )
+    return loss.reshape(()), aux
+
+
+def _prefixed(prefix: str, tree: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {prefix + k: v for k, v in tree.items()}
+
+
+class Step:
+    """A training step `(state, batch) -> (state, metrics)`; build it with `make_step`.
+
+    Attributes:
+        pieces: the `StepPieces` record.
+        model: the skeleton module the params run in.
+        config: the `StepConfig`.
+        algorithms: the `Algorithm`s composed into it, in order.
+    """
+
+    def __init__(self, model, loss_fn, optimizer, config: StepConfig, algorithms=()):
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.config = config
+        self.algorithms = tuple(algorithms)
+        self._trainable = trainable_names(model)
+        self._trainable_set = frozenset(self._trainable)
+        self._loss_module = _LossModule(model)
+        self._call_module = _CallModule(model)
+        self._device_type = _device_type(model)
+        self._microbatch = None if config.microbatch_size == "auto" else config.microbatch_size
+        pieces = self._base_pieces()
+        for algorithm in self.algorithms:
+            pieces = algorithm.apply(pieces)
+            if not isinstance(pieces, StepPieces):
+                raise TypeError(
+                    f"algorithm {algorithm.name!r}: apply must return StepPieces, "
+                    f"got {type(pieces).__name__}"
+                )
+        self.pieces = pieces
+
+    # -- building ----------------------------------------------------------------------------
+
+    def with_options(self, **changes) -> Step:
+        """The same step with some `StepConfig` options changed (e.g. `donate=True`)."""
+        return Step(
+            self.model,
+            self.loss_fn,
+            self.optimizer,
+            dataclasses.replace(self.config, **changes),
+            self.algorithms,
+        )
+
+    def _base_pieces(self) -> StepPieces:
+        return StepPieces(
+            prepare=lambda state, batch: batch,
+            loss=lambda model, batch: normalize_loss(self.loss_fn(model, batch)),
+            grads=self._grads,
+            transform_grads=lambda grads, state: grads,
+            update=self._update,
+            after_update=lambda state: state,
+            call_model=self.call_model,
+        )
+
+    # -- the default pieces ------------------------------------------------------------------
+
+    def call_model(self, state: TrainState, *args, **kwargs):
+        """Run the model with `state`'s params and buffers, without gradients."""
+        tensors = {**dist_compute.gather_params(state.params), **state.buffers}
+        with torch.no_grad():
+            return torch.func.functional_call(
+                self._call_module, _prefixed("model.", tensors), args, kwargs
+            )
+
+    def _forward_loss(self, pieces: StepPieces, params, buffers, batch):
+        """`pieces.loss` run with `params` and `buffers` swapped into the model."""
+
+        tensors = _prefixed("model.", {**params, **buffers})
+        return torch.func.functional_call(
+            self._loss_module, tensors, (batch, pieces.loss), tie_weights=True
+        )
+
+    def _grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
+        config = self.config
+        rank, _ = dist_compute.data_parallel_info()
+        buffers = state.buffers
+        if not config.donate:  # BatchNorm updates its statistics in place: work on copies
+            buffers = {k: v.clone() for k, v in buffers.items()}
+        frozen = {k: v for k, v in state.params.items() if k not in self._trainable_set}
+        microbatches = (
+            split_batch(batch, self._microbatch) if self._microbatch else [batch]
+        )
+        weights = _microbatch_weights(microbatches, config)
+        scale = None
+        if config.precision == "amp_fp16":
+            scale = state.algo_state[precision_lib.LOSS_SCALE_KEY].scale
+        total_grads, total_loss, aux = None, None, {}
+        for index, (microbatch, weight) in enumerate(zip(microbatches, weights)):
+            seed = seed_for(state.rng, state.step, "forward", rank * 65536 + index)
+            leaves = {k: state.params[k].detach().requires_grad_() for k in self._trainable}
+            with seeded_global_rng(seed, self._device_type), torch.enable_grad():
+                compute = dist_compute.gather_params(leaves)
+                with precision_lib.autocast_context(config.precision, self._device_type):
+                    loss, aux = self._forward_loss(pieces, {**frozen, **compute}, buffers, microbatch)
+                objective = loss.float() * weight
+                if scale is not None:
+                    objective = objective * scale
+                grads = torch.autograd.grad(objective, list(leaves.values()), allow_unused=True)
+            grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, leaves.values())]
+            if total_grads is None:
+                total_grads, total_loss = grads, loss.detach().float() * weight
+            else:
+                torch._foreach_add_(total_grads, grads)
+                total_loss = total_loss + loss.detach().float() * weight
+        if scale is not None:
+            total_grads = torch._foreach_div(total_grads, scale)
+        grads = dist_compute.finalize_grads(dict(zip(self._trainable, total_grads)), state.params)
+        return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
+
+    def _update(self, grads: dict, state: TrainState) -> TrainState:
+        donate = self.config.donate
+        trainable = {k: state.params[k] for k in grads}
+        updates, opt_state = self.optimizer.update(
+            grads, state.opt_state, trainable, time=state.timestamp, donate=donate
+        )
+        new_params = apply_updates(trainable, updates, donate=donate)
+        return state.replace(params={**state.params, **new_params}, opt_state=opt_state)
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def init_algorithms(self, state: TrainState) -> TrainState:
+        """`state` with `algo_state` entries for every composed algorithm that lacks one."""
+        algo_state = dict(state.algo_state)
+        if self.config.precision == "amp_fp16" and precision_lib.LOSS_SCALE_KEY not in algo_state:
+            device = next(iter(state.params.values())).device if state.params else "cpu"
+            algo_state[precision_lib.LOSS_SCALE_KEY] = precision_lib.init_loss_scale(device=device)
+        for algorithm in self.algorithms:
+            if algorithm.init is not None and algorithm.name not in algo_state:
+                algo_state[algorithm.name] = algorithm.init(state)
+        if len(algo_state) == len(state.algo_state):
+            return state
+        return state.replace(algo_state=algo_state)
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        if not isinstance(state, TrainState):
+            raise TypeError(
+                f"a step takes (TrainState, batch); got {type(state).__name__} as the state "
+                "(build one with functrain.init(model, optimizer))"
+            )
+        state = self.init_algorithms(state)
+        pieces = self.pieces
+        batch = pieces.prepare(state, batch)
+        result = self._run_grads(pieces, state, batch)
+        grad_norm = global_norm(result.grads)
+        grads = pieces.transform_grads(result.grads, state)
+        new_state = pieces.update(grads, state.replace(buffers=result.buffers))
+        finite = None
+        if self.config.skip_nonfinite or self.config.precision == "amp_fp16":
+            finite = torch.isfinite(grad_norm) & torch.isfinite(result.loss)
+            new_state = _select_finite(finite, new_state, state)
+        if self.config.precision == "amp_fp16":
+            key = precision_lib.LOSS_SCALE_KEY
+            scale = precision_lib.update_loss_scale(state.algo_state[key], finite)
+            new_state = new_state.replace(algo_state={**new_state.algo_state, key: scale})
+        _, world = dist_compute.data_parallel_info()
+        samples = num_samples(batch) * world
+        tokens = int(self.config.count_tokens(batch)) * world if self.config.count_tokens else 0
+        new_state = new_state.replace(
+            step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens)
+        )
+        new_state = pieces.after_update(new_state)
+        metrics = {
+            **{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()},
+            "loss": dist_compute.mean_over_data_parallel(result.loss),
+            "grad_norm": grad_norm.detach(),
+            "lr": current_lr(new_state.opt_state),
+            "samples": samples,
+            "tokens": tokens,
+        }
+        if finite is not None:
+            metrics["skipped"] = ~finite
+        if self.config.report_grad_norms:
+            metrics["grad_norms"] = {
+                k: torch.linalg.vector_norm(g.detach()) for k, g in result.grads.items()
+            }
+        return new_state, metrics
+
+    def _run_grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
+        """`pieces.grads`, halving the microbatch on CUDA out-of-memory when it is "auto"."""
+        if self.config.microbatch_size != "auto" or self._device_type != "cuda":
+            return pieces.grads(pieces, state, batch)
+        while True:
+            try:
+                return pieces.grads(pieces, state, batch)
+            except torch.cuda.OutOfMemoryError:
+                current = self._microbatch or num_samples(batch)
+                if current <= 1:
+                    raise
+                self._microbatch = current // 2  # remembered: a performance cache only
+                torch.cuda.empty_cache()
+
+
+def _device_type(model: torch.nn.Module) -> str:
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        return tensor.device.type
+    return "cpu"
+
+
+def _microbatch_weights(microbatches: list, config: StepConfig) -> list[float]:
+    """Each microbatch's share of the batch, by samples or by tokens."""
+    if config.weight_by == "samples":
+        counts = [num_samples(mb) for mb in microbatches]
+    elif config.weight_by == "tokens":
+        counts = [int(config.count_tokens(mb)) for mb in microbatches]
+    else:
+        raise ValueError(f"weight_by must be 'samples' or 'tokens', got {config.weight_by!r}")
+    total = sum(counts)
+    if total <= 0:
+        raise ValueError("the batch is empty (0 samples or tokens): nothing to train on")
+    return [c / total for c in counts]
+
+
+def _select_finite(finite: torch.Tensor, new: TrainState, old: TrainState) -> TrainState:
+    """Keep `old`'s params and optimizer state where the step was not finite (no host sync)."""
+    from .tree import tree_map
+
+    def pick(a, b):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return torch.where(finite, a, b)
+        return a  # counters advance either way; their effect on bias correction is negligible
+
+    return new.replace(
+        params=tree_map(pick, new.params, old.params),
+        opt_state=tree_map(pick, new.opt_state, old.opt_state),
+    )
+
+
+def make_step(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module, Batch], Any],
+    optimizer: Any,
+    *,
+    precision: str = "fp32",
+    microbatch_size: int | str | None = None,
+    weight_by: str = "samples",
+    count_tokens: Callable[[Batch], int] | None = None,
+    skip_nonfinite: bool = False,
+    donate: bool = False,
+    grad_mode: str = "autograd",
+    report_grad_norms: bool = False,
+) -> Step:
+    """Build the training step for `model`, `loss_fn` and `optimizer`.
+
+    Args:
+        model: the module (used as a skeleton: the state's params are swapped in per call).
+        loss_fn: `loss_fn(model, batch) -> loss | (loss, aux_dict)`, a mean over the batch.
+        optimizer: a `functrain.optim.Transform` (the one `init` used).
+        precision: "fp32", "amp_bf16" or "amp_fp16" (dynamic loss scale in
+            `state.algo_state["loss_scale"]`).
+        microbatch_size: split each batch into chunks of this many samples and accumulate
+            gradients (None: no split; "auto": on CUDA, halve on out-of-memory until it fits).
+        weight_by: weight each microbatch's loss by its "samples" or its "tokens".
+        count_tokens: `batch -> int`, the number of tokens (for metrics and `weight_by="tokens"`).
+        skip_nonfinite: keep params and optimizer state unchanged on a step whose loss or
+            gradient norm is not finite (metrics["skipped"] tells).
+        donate: reuse the input state's memory (update in place); the input state is consumed.
+        grad_mode: "autograd" (`torch.autograd.grad`, DTensor-safe).
+        report_grad_norms: add per-parameter gradient norms as metrics["grad_norms"].
+    Returns:
+        a `Step`: `state, metrics = step(state, batch)`.
+    """
+    precision_lib.check_precision(precision)
+    if weight_by == "tokens" and count_tokens is None:
+        raise ValueError("weight_by='tokens' needs count_tokens=lambda batch: <number of tokens>")
+    if grad_mode != "autograd":
+        raise ValueError(f"grad_mode must be 'autograd', got {grad_mode!r}")
+    if microbatch_size is not None and microbatch_size != "auto":
+        if not isinstance(microbatch_size, int) or microbatch_size <= 0:
+            raise ValueError(
+                f"microbatch_size must be a positive int, 'auto' or None; got {microbatch_size!r}"
+            )
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(model, batch)")
+    config = StepConfig(
+        precision=precision,
+        microbatch_size=microbatch_size,
+        weight_by=weight_by,
+        count_tokens=count_tokens,
+        skip_nonfinite=skip_nonfinite,
+        donate=donate,
+        grad_mode=grad_mode,
+        report_grad_norms=report_grad_norms,
+    )
+    return Step(model, loss_fn, optimizer, config)
+
+
+def compose(step: Step, *algorithms: Algorithm) -> Step:
+    """A new step with `algorithms` applied to `step`'s pieces, in list order.
+
+    Each algorithm wraps the pieces produced by the ones before it; for the `prepare` piece this
+    means an algorithm later in the list sees the batch the earlier ones produced.
+
+    Example:
+        >>> step = compose(make_step(model, loss_fn, opt), label_smoothing(0.1), ema())
+    """
+    for algorithm in algorithms:
+        if not isinstance(algorithm, Algorithm):
+            raise TypeError(
+                f"compose takes functrain Algorithm objects, got {type(algorithm).__name__}"
+            )
+    return Step(
+        step.model, step.loss_fn, step.optimizer, step.config, step.algorithms + tuple(algorithms)
+    )

@@ -1,0 +1,279 @@
+"""The step: equality with a hand-written loop, purity, donation, microbatching, precision."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import functrain
+from functrain import optim
+from functrain.tree import tree_allclose, tree_clone
+
+
+class SmallNet(torch.nn.Module):
+    """A small CNN with BatchNorm and dropout: buffers and global randomness both matter."""
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1, bias=False)  # a bias before BN has ~0 gradient: Adam would amplify rounding noise
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(dropout)
+        self.fc = torch.nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.conv(x)))
+        return self.fc(self.drop(x.flatten(1)))
+
+
+def ce_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def make_data(n_batches=5, batch_size=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(batch_size, 1, 8, 8, generator=gen), torch.randint(0, 10, (batch_size,), generator=gen))
+        for _ in range(n_batches)
+    ]
+
+
+def test_matches_hand_written_adamw_loop_after_100_steps():
+    torch.manual_seed(0)
+    model = SmallNet()
+    reference = copy.deepcopy(model)
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=1e-2)
+    data = make_data()
+    for i in range(100):
+        x, y = data[i % len(data)]
+        torch_opt.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        torch_opt.step()
+
+    opt = optim.adamw(lr=1e-3, weight_decay=1e-2)
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, ce_loss, opt)
+    for i in range(100):
+        state, _ = step(state, data[i % len(data)])
+    for name, p in reference.named_parameters():
+        assert torch.allclose(state.params[name], p.detach(), atol=1e-6, rtol=0), name
+    for name, b in reference.named_buffers():
+        assert torch.allclose(state.buffers[name].float(), b.float(), atol=1e-6), name
+
+
+def test_pure_step_leaves_input_state_unchanged():
+    model = SmallNet()
+    opt = optim.adamw(lr=1e-2)
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, ce_loss, opt)
+    state, _ = step(state, make_data(1)[0])  # non-trivial optimizer state
+    before = tree_clone(state)
+    new_state, _ = step(state, make_data(1, seed=1)[0])
+    assert tree_allclose(state, before)
+    assert not tree_allclose(new_state.params, before.params)
+
+
+def test_donating_step_equals_pure_step_and_reuses_memory():
+    model = SmallNet()
+    opt = optim.adamw(lr=1e-2)
+    data = make_data(3)
+    pure = functrain.make_step(model, ce_loss, opt)
+    donating = pure.with_options(donate=True)
+    state_a = tree_clone(functrain.init(model, opt, seed=0))
+    state_b = tree_clone(state_a)
+    for batch in data:
+        state_a, _ = pure(state_a, batch)
+    pointers = {k: v.data_ptr() for k, v in state_b.params.items()}
+    for batch in data:
+        state_b, _ = donating(state_b, batch)
+    assert tree_allclose(state_a, state_b, atol=1e-7)
+    assert pointers == {k: v.data_ptr() for k, v in state_b.params.items()}
+
+
+@settings(max_examples=8, deadline=None)
+@given(microbatch=st.integers(1, 16))
+def test_microbatching_matches_full_batch(microbatch):
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    opt = optim.sgd(lr=0.1)
+    state = functrain.init(model, opt, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    batch = (torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen))
+    full, _ = functrain.make_step(model, ce_loss, opt)(state, batch)
+    split, metrics = functrain.make_step(model, ce_loss, opt, microbatch_size=microbatch)(state, batch)
+    assert tree_allclose(full.params, split.params, atol=1e-6)
+    assert metrics["samples"] == 16
+
+
+def test_weight_by_tokens_weights_microbatches_by_token_count():
+    model = torch.nn.Linear(3, 1, bias=False)
+    opt = optim.sgd(lr=1.0)
+    state = functrain.init(model, opt, seed=0)
+    x = torch.randn(4, 3)
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the second microbatch has one token, the first two
+
+    def token_loss(model, batch):
+        x, m = batch
+        return ((model(x).squeeze(-1) ** 2) * m).sum() / m.sum()
+
+    step = functrain.make_step(
+        model, token_loss, opt, microbatch_size=2, weight_by="tokens",
+        count_tokens=lambda b: int(b[1].sum()),
+    )
+    new, metrics = step(state, (x, mask))
+    full, _ = functrain.make_step(model, token_loss, opt, count_tokens=lambda b: int(b[1].sum()))(
+        state, (x, mask)
+    )
+    assert torch.allclose(new.params["weight"], full.params["weight"], atol=1e-6)
+    assert metrics["tokens"] == 3 and new.timestamp.token == 3
+
+
+def test_same_seed_is_bit_identical_with_dropout_and_differs_with_other_seed():
+    def run(seed):
+        torch.manual_seed(123)
+        model = SmallNet(dropout=0.5)
+        opt = optim.sgd(lr=0.1, momentum=0.9)
+        state = functrain.init(model, opt, seed=seed)
+        step = functrain.make_step(model, ce_loss, opt)
+        for batch in make_data(4):
+            torch.rand(3)  # global RNG use elsewhere must not matter
+            state, _ = step(state, batch)
+        return state
+
+    a, b, c = run(0), run(0), run(1)
+    assert tree_allclose(a.params, b.params)
+    assert not tree_allclose(a.params, c.params)
+
+
+def test_metrics_and_counters():
+    model = SmallNet()
+    opt = optim.sgd(lr=0.1)
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, ce_loss, opt)
+    state, metrics = step(state, make_data(1)[0])
+    assert state.step == 1 and state.timestamp.batch == 1 and state.timestamp.sample == 16
+    assert metrics["loss"].shape == () and torch.isfinite(metrics["loss"])
+    assert metrics["grad_norm"] > 0
+    assert metrics["lr"] == pytest.approx(0.1)
+    assert metrics["samples"] == 16
+
+
+@pytest.mark.parametrize("precision", ["amp_bf16", "amp_fp16"])
+def test_mixed_precision_trains(precision):
+    torch.manual_seed(0)
+    model = SmallNet()
+    opt = optim.adamw(lr=1e-2)
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, ce_loss, opt, precision=precision)
+    batch = make_data(1)[0]
+    losses = []
+    for _ in range(15):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < losses[0]
+    if precision == "amp_fp16":
+        assert state.algo_state["loss_scale"].scale > 0
+
+
+def test_fp16_loss_scale_backs_off_and_skips_on_overflow():
+    model = torch.nn.Linear(2, 1)
+    opt = optim.sgd(lr=0.1)
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, lambda m, b: m(b).sum() * 1e30, opt, precision="amp_fp16")
+    new, metrics = step(state, torch.ones(4, 2))
+    assert bool(metrics["skipped"])
+    assert torch.equal(new.params["weight"], state.params["weight"])
+    assert float(new.algo_state["loss_scale"].scale) == 2.0**15
+
+
+def test_skip_nonfinite_keeps_params():
+    model = torch.nn.Linear(2, 1)
+    opt = optim.adamw(lr=0.1)
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, lambda m, b: m(b).sum() * float("nan"), opt, skip_nonfinite=True)
+    new, metrics = step(state, torch.ones(4, 2))
+    assert bool(metrics["skipped"])
+    assert tree_allclose(new.params, state.params)
+    assert new.step == 1
+
+
+def test_frozen_parameters_are_not_updated():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    model[0].weight.requires_grad_(False)
+    opt = optim.adamw(lr=0.1, weight_decay=0.5)
+    state = functrain.init(model, opt, seed=0)
+    new, _ = functrain.make_step(model, lambda m, b: m(b).pow(2).mean(), opt)(state, torch.randn(4, 3))
+    assert torch.equal(new.params["0.weight"], state.params["0.weight"])
+    assert not torch.equal(new.params["1.weight"], state.params["1.weight"])
+
+
+def test_tied_weights_get_one_parameter_and_the_summed_gradient():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(5, 3)
+            self.head = torch.nn.Linear(3, 5, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, idx):
+            return self.head(self.emb(idx))
+
+    torch.manual_seed(0)
+    model = Tied()
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    batch = (torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 4]))
+    ref_opt.zero_grad()
+    F.cross_entropy(reference(batch[0]), batch[1]).backward()
+    ref_opt.step()
+    opt = optim.sgd(lr=0.5)
+    state = functrain.init(model, opt, seed=0)
+    assert list(state.params) == ["emb.weight"]
+    state, _ = functrain.make_step(model, ce_loss, opt)(state, batch)
+    assert torch.allclose(state.params["emb.weight"], reference.emb.weight, atol=1e-6)
+
+
+def test_compose_applies_algorithms_in_order_and_initialises_their_state():
+    calls = []
+
+    def tagging(tag):
+        def apply(pieces):
+            inner = pieces.prepare
+
+            def prepare(state, batch):
+                batch = inner(state, batch)  # the convention: transform what earlier ones made
+                calls.append(tag)
+                return batch
+
+            return pieces._replace(prepare=prepare)
+
+        return functrain.Algorithm(name=tag, apply=apply, init=lambda state: {"count": 0})
+
+    model = torch.nn.Linear(2, 1)
+    opt = optim.sgd(lr=0.1)
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.compose(functrain.make_step(model, lambda m, b: m(b).mean(), opt), tagging("a"), tagging("b"))
+    state, _ = step(state, torch.ones(2, 2))
+    assert calls == ["a", "b"]
+    assert set(state.algo_state) == {"a", "b"}
+
+
+def test_bad_inputs_give_clear_errors():
+    model = torch.nn.Linear(2, 1)
+    opt = optim.sgd(lr=0.1)
+    state = functrain.init(model, opt, seed=0)
+    with pytest.raises(ValueError, match="precision"):
+        functrain.make_step(model, ce_loss, opt, precision="fp8")
+    with pytest.raises(ValueError, match="count_tokens"):
+        functrain.make_step(model, ce_loss, opt, weight_by="tokens")
+    step = functrain.make_step(model, lambda m, b: m(b), opt)
+    with pytest.raises(TypeError, match="scalar loss"):
+        step(state, torch.ones(3, 2))
+    with pytest.raises(ValueError, match="no tensor"):
+        functrain.make_step(model, lambda m, b: m(b).sum(), opt)(state, {"x": "text"})
+    with pytest.raises(TypeError, match="TrainState"):
+        step({"params": {}}, torch.ones(3, 2))
+    with pytest.raises(TypeError, match="nn.Module"):
+        functrain.init(lambda x: x, opt)
