@@ -8,6 +8,7 @@ from .time import Time, Timestamp, TimeUnit
 try:  # provisional: the optimizer package lands in parallel
     from . import optim
     from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
+    from .compile import CompiledStep, compile_step
 except ImportError:  # pragma: no cover
     pass
 

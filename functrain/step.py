@@ -39,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -241,17 +242,25 @@ class Step:
             scale = state.algo_state[precision_lib.LOSS_SCALE_KEY].scale
         total_grads, total_loss, aux = None, None, {}
         for index, (microbatch, weight) in enumerate(zip(microbatches, weights)):
-            seed = seed_for(state.rng, state.step, "forward", rank * 65536 + index)
-            leaves = {k: state.params[k].detach().requires_grad_() for k in self._trainable}
-            with seeded_global_rng(seed, self._device_type), torch.enable_grad():
+
+            def objective(leaves, microbatch=microbatch, weight=weight):
                 compute = dist_compute.gather_params(leaves)
                 with precision_lib.autocast_context(config.precision, self._device_type):
                     loss, aux = self._forward_loss(pieces, {**frozen, **compute}, buffers, microbatch)
-                objective = loss.float() * weight
-                if scale is not None:
-                    objective = objective * scale
-                grads = torch.autograd.grad(objective, list(leaves.values()), allow_unused=True)
-            grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, leaves.values())]
+                value = loss.float() * weight
+                return (value * scale if scale is not None else value), (loss, aux)
+
+            # Under torch.compile the caller seeds the global generator once, outside the graph.
+            rng_context = (
+                contextlib.nullcontext()
+                if torch.compiler.is_compiling()
+                else seeded_global_rng(
+                    seed_for(state.rng, state.step, "forward", rank * 65536 + index),
+                    self._device_type,
+                )
+            )
+            with rng_context:
+                grads, loss, aux = self._differentiate(objective, state.params)
             if total_grads is None:
                 total_grads, total_loss = grads, loss.detach().float() * weight
             else:
@@ -261,6 +270,24 @@ class Step:
             total_grads = torch._foreach_div(total_grads, scale)
         grads = dist_compute.finalize_grads(dict(zip(self._trainable, total_grads)), state.params)
         return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
+
+    def _differentiate(self, objective, params):
+        """Gradients of `objective(leaves)` w.r.t. the trainable params, its loss and aux.
+
+        "autograd" differentiates with `torch.autograd.grad` (works with DTensors, whose
+        gather-at-use must not run inside a torch.func transform); "func" with
+        `torch.func.grad`, which `torch.compile` traces into one graph.
+        """
+        if self.config.grad_mode == "func":
+            leaves = {k: params[k] for k in self._trainable}
+            grads, (loss, aux) = torch.func.grad(objective, has_aux=True)(leaves)
+            return list(grads.values()), loss, aux
+        leaves = {k: params[k].detach().requires_grad_() for k in self._trainable}
+        with torch.enable_grad():
+            value, (loss, aux) = objective(leaves)
+            grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, leaves.values())]
+        return grads, loss, aux
 
     def _update(self, grads: dict, state: TrainState) -> TrainState:
         donate = self.config.donate
@@ -409,7 +436,8 @@ def make_step(
         skip_nonfinite: keep params and optimizer state unchanged on a step whose loss or
             gradient norm is not finite (metrics["skipped"] tells).
         donate: reuse the input state's memory (update in place); the input state is consumed.
-        grad_mode: "autograd" (`torch.autograd.grad`, DTensor-safe).
+        grad_mode: "autograd" (`torch.autograd.grad`, DTensor-safe) or "func"
+            (`torch.func.grad`, what `compile_step` uses).
         report_grad_norms: add per-parameter gradient norms as metrics["grad_norms"].
     Returns:
         a `Step`: `state, metrics = step(state, batch)`.
@@ -417,8 +445,8 @@ def make_step(
     precision_lib.check_precision(precision)
     if weight_by == "tokens" and count_tokens is None:
         raise ValueError("weight_by='tokens' needs count_tokens=lambda batch: <number of tokens>")
-    if grad_mode != "autograd":
-        raise ValueError(f"grad_mode must be 'autograd', got {grad_mode!r}")
+    if grad_mode not in ("autograd", "func"):
+        raise ValueError(f"grad_mode must be 'autograd' or 'func', got {grad_mode!r}")
     if microbatch_size is not None and microbatch_size != "auto":
         if not isinstance(microbatch_size, int) or microbatch_size <= 0:
             raise ValueError(

@@ -41,12 +41,16 @@ def make_data(n_batches=5, batch_size=16, seed=0):
     ]
 
 
-def test_matches_hand_written_adamw_loop_after_100_steps():
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.float32, 1e-5)])
+def test_matches_hand_written_adamw_loop_after_100_steps(dtype, tol):
+    # float64 isolates the semantics (measured agreement ~1e-15); in float32 the two differ only
+    # by rounding order (optax-style updates are added, torch fuses addcdiv), which drifts by
+    # ~1 ulp per step: ~2e-6 after 100 steps on this model.
     torch.manual_seed(0)
-    model = SmallNet()
+    model = SmallNet().to(dtype)
     reference = copy.deepcopy(model)
     torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=1e-2)
-    data = make_data()
+    data = [(x.to(dtype), y) for x, y in make_data()]
     for i in range(100):
         x, y = data[i % len(data)]
         torch_opt.zero_grad()
@@ -59,9 +63,9 @@ def test_matches_hand_written_adamw_loop_after_100_steps():
     for i in range(100):
         state, _ = step(state, data[i % len(data)])
     for name, p in reference.named_parameters():
-        assert torch.allclose(state.params[name], p.detach(), atol=1e-6, rtol=0), name
+        assert torch.allclose(state.params[name], p.detach(), atol=tol, rtol=0), name
     for name, b in reference.named_buffers():
-        assert torch.allclose(state.buffers[name].float(), b.float(), atol=1e-6), name
+        assert torch.allclose(state.buffers[name].double(), b.double(), atol=tol), name
 
 
 def test_pure_step_leaves_input_state_unchanged():
