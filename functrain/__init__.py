@@ -1,15 +1,41 @@
-"""functrain: a functional PyTorch trainer (provisional init while modules land)."""
+"""functrain: a functional PyTorch trainer.
 
-from . import rng, tree
+Training is an explicit, pure `(state, batch) -> (state, metrics)` step; speedup algorithms are
+transforms of that step; the state is a pytree that checkpoints leaf by leaf.
+
+Example:
+    >>> state = functrain.init(model, functrain.optim.adamw(lr=1e-3), seed=0)
+    >>> step = functrain.make_step(model, loss_fn, functrain.optim.adamw(lr=1e-3))
+    >>> state, metrics = step(state, batch)
+"""
+
+from . import optim, rng, schedules, tree
+from .compile import CompiledStep, compile_step
 from .rng import RngState, key_for
 from .state import TrainState, init
+from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
 from .time import Time, Timestamp, TimeUnit
 
-try:  # provisional: the optimizer package lands in parallel
-    from . import optim
-    from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
-    from .compile import CompiledStep, compile_step
-except ImportError:  # pragma: no cover
-    pass
-
 __version__ = "0.1.0"
+
+__all__ = [
+    "Algorithm",
+    "CompiledStep",
+    "GradResult",
+    "RngState",
+    "Step",
+    "StepPieces",
+    "Time",
+    "TimeUnit",
+    "Timestamp",
+    "TrainState",
+    "compile_step",
+    "compose",
+    "init",
+    "key_for",
+    "make_step",
+    "optim",
+    "rng",
+    "schedules",
+    "tree",
+]

@@ -62,13 +62,21 @@ def seeded_global_rng(seed: int, device: torch.device | str = "cpu"):
     """Run a block with torch's global generator seeded to `seed`, restoring it afterwards.
 
     Modules such as `nn.Dropout` draw from the global generator; the step wraps the forward pass in
-    this so that their masks, too, are a pure function of the key.
+    this so that their masks, too, are a pure function of the key. (It seeds the generator object
+    directly: `torch.manual_seed` also queues a seed for every CUDA device, which costs a stack
+    capture per call.)
     """
     device = torch.device(device)
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
-        torch.manual_seed(seed) if device.type != "cuda" else None
-        if device.type == "cuda":
-            torch.cuda.manual_seed(seed)
-            torch.default_generator.manual_seed(seed)
+    generators = [torch.default_generator]
+    if device.type == "cuda":
+        generators.append(
+            torch.cuda.default_generators[device.index or torch.cuda.current_device()]
+        )
+    saved = [g.get_state() for g in generators]
+    try:
+        for g in generators:
+            g.manual_seed(seed)
         yield
+    finally:
+        for g, s in zip(generators, saved):
+            g.set_state(s)
