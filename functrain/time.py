@@ -13,7 +13,7 @@ Example:
     >>> Time.from_str("100ba") + Time.from_str("20ba")
     Time(120, 'ba')
     >>> Timestamp(batches_per_epoch=50, max_batches=500).to_batches(Time.from_str("0.5dur"))
-    250
+    250.0
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import numbers
 import re
-from typing import Union
 
 from .tree import register_dataclass
 
@@ -46,6 +46,29 @@ ACCEPTED_FORMS = (
 _NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
 _SIMPLE = re.compile(rf"^\s*({_NUMBER})\s*(ep|ba|sp|tok|dur|sec)\s*$")
 _CLOCK = re.compile(rf"^\s*(?:({_NUMBER})h)?\s*(?:({_NUMBER})m)?\s*(?:({_NUMBER})s)?\s*$")
+# Units whose amounts are naturally fractional; the counting units keep ints where they can.
+_FLOAT_UNITS = ("dur", "sec")
+
+
+def _as_unit(unit: TimeUnit | str) -> TimeUnit:
+    """`unit` as a `TimeUnit`, or a ValueError that lists the units and accepted strings."""
+    try:
+        return TimeUnit(unit)
+    except ValueError:
+        raise ValueError(
+            f"unknown time unit {unit!r}; use one of "
+            f"{[u.value for u in TimeUnit]} (accepted strings: {ACCEPTED_FORMS})"
+        ) from None
+
+
+def _format_number(value: float) -> str:
+    """The shortest text that parses back to exactly `value` ("120", "0.5", "1e-07")."""
+    if isinstance(value, int):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    # repr gives the shortest string that round-trips a float; "%g" would drop digits.
+    return repr(value)
 
 
 @dataclasses.dataclass(frozen=True, order=False)
@@ -64,20 +87,25 @@ class Time:
     unit: TimeUnit
 
     def __post_init__(self):
-        try:
-            unit = TimeUnit(self.unit)
-        except ValueError:
-            raise ValueError(
-                f"unknown time unit {self.unit!r}; use one of "
-                f"{[u.value for u in TimeUnit]} (accepted strings: {ACCEPTED_FORMS})"
-            ) from None
+        unit = _as_unit(self.unit)
         object.__setattr__(self, "unit", unit)
         value = self.value
-        if isinstance(value, float) and value.is_integer() and unit not in (
-            TimeUnit.DURATION,
-            TimeUnit.SECOND,
-        ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"a Time's value must be a real number, got {value!r}; "
+                f"to parse text use Time.from_str (accepted forms: {ACCEPTED_FORMS})"
+            )
+        if not math.isfinite(value):
+            raise ValueError(f"a Time must be finite, got {value}{unit.value}")
+        # Normalise numpy/torch scalars to Python numbers so equality, hashing and str are exact.
+        if unit.value in _FLOAT_UNITS:
+            value = float(value)
+        elif isinstance(value, numbers.Integral):
             value = int(value)
+        else:
+            value = float(value)
+            if value.is_integer():
+                value = int(value)
         if value < 0:
             raise ValueError(f"a Time cannot be negative, got {value}{unit.value}")
         object.__setattr__(self, "value", value)
@@ -90,7 +118,9 @@ class Time:
             ValueError: naming the accepted forms when `text` matches none of them.
         """
         if not isinstance(text, str):
-            raise TypeError(f"Time.from_str expects a string such as {ACCEPTED_FORMS}, got {text!r}")
+            raise TypeError(
+                f"Time.from_str expects a string such as {ACCEPTED_FORMS}, got {text!r}"
+            )
         match = _SIMPLE.match(text)
         if match:
             return cls(float(match.group(1)), match.group(2))
@@ -107,17 +137,16 @@ class Time:
             return value
         if isinstance(value, str):
             return cls.from_str(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return cls(value, TimeUnit.BATCH)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return cls(int(value), TimeUnit.BATCH)
         raise TypeError(
             f"expected a Time, a string such as {ACCEPTED_FORMS}, or an int of batches; "
             f"got {value!r}"
         )
 
     def __str__(self) -> str:
-        if self.unit is TimeUnit.SECOND:
-            return f"{self.value:g}sec"
-        return f"{self.value:g}{self.unit.value}"
+        # Exact, so that Time.from_str(str(t)) == t for every unit.
+        return f"{_format_number(self.value)}{self.unit.value}"
 
     def __repr__(self) -> str:
         return f"Time({self.value!r}, {self.unit.value!r})"
@@ -138,12 +167,9 @@ class Time:
         return Time(self.value - self._same_unit(other, "subtract").value, self.unit)
 
     def __mul__(self, factor: float) -> Time:
-        if isinstance(factor, Time):
-            raise TypeError("a Time can be multiplied by a number, not by another Time")
-        value = self.value * factor
-        if self.unit not in (TimeUnit.DURATION, TimeUnit.SECOND) and not isinstance(value, int):
-            value = float(value)
-        return Time(value, self.unit)
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+            return NotImplemented  # Python then raises a TypeError naming both types
+        return Time(self.value * factor, self.unit)
 
     __rmul__ = __mul__
 
@@ -165,7 +191,7 @@ class Time:
         return self.value >= self._same_unit(other, "compare").value
 
 
-TimeLike = Union[Time, str, int]
+TimeLike = Time | str | int
 
 
 @register_dataclass
@@ -215,7 +241,7 @@ class Timestamp:
 
     def get(self, unit: TimeUnit | str) -> float:
         """The current count in `unit` ("dur" is the fraction of `max_batches` done)."""
-        unit = TimeUnit(unit)
+        unit = _as_unit(unit)
         if unit is TimeUnit.EPOCH:
             return self.epoch
         if unit is TimeUnit.BATCH:
@@ -256,6 +282,11 @@ class Timestamp:
             return time.value * self.batch / self.sample
         if unit is TimeUnit.TOKEN and self.batch and self.token:
             return time.value * self.batch / self.token
+        if unit is TimeUnit.SECOND:
+            raise ValueError(
+                f"cannot convert {time} to batches: wall-clock time has no fixed number of "
+                "batches; express it in batches, epochs, samples, tokens or 'dur'"
+            )
         raise ValueError(
             f"cannot convert {time} to batches yet (no {unit.value} counted so far); "
             "express it in batches or epochs"

@@ -19,9 +19,13 @@ def load_example():
 
 def test_gan_learns_the_data_mean_and_its_state_is_one_pytree():
     gan = load_example()
-    untrained_gap = float((torch.full((64,), 0.5) - 0).abs().mean())  # sigmoid(0) everywhere
+    from sklearn.datasets import load_digits
+
+    data_mean = torch.tensor(load_digits().images, dtype=torch.float32).flatten(1).mean(0) / 16
+    untrained_gap = float((0.5 - data_mean).abs().mean())  # the generator starts near sigmoid(0)
     result = gan.main(["--iterations", "300"])
-    assert result["mean_gap"] < 0.15 < untrained_gap
+    assert result["mean_gap"] < 0.5 * untrained_gap
     paths = [p for p, _ in leaves_with_paths(result["states"])]
-    assert "generator.params.0.weight" in paths and "discriminator.opt_state.0.mu.0.weight" in paths
+    assert "generator.params.0.weight" in paths
+    assert any(p.startswith("discriminator.opt_state.") for p in paths)
     assert result["states"]["generator"].step == result["states"]["discriminator"].step == 300
