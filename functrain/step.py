@@ -171,6 +171,8 @@ class Step:
         self.algorithms = tuple(algorithms)
         self._trainable = trainable_names(model)
         self._trainable_set = frozenset(self._trainable)
+        self._module_params = dict(model.named_parameters())
+        self._module_buffers = dict(model.named_buffers())
         self._loss_module = _LossModule(model)
         self._call_module = _CallModule(model)
         self._device_type = _device_type(model)
@@ -218,8 +220,34 @@ class Step:
                 self._call_module, _prefixed("model.", tensors), args, kwargs
             )
 
-    def _forward_loss(self, pieces: StepPieces, params, buffers, batch):
+    def _state_is_model(self, state: TrainState) -> bool:
+        """True when `state`'s tensors *are* the model's own (a donating run from `init`).
+
+        Then the model can run as it is, with no parameter swapping: the fast path, exactly what
+        a hand-written loop does.
+        """
+        if self.config.grad_mode != "autograd" or not self.config.donate:
+            return False
+        for names, mine in (
+            (state.params, self._module_params),
+            (state.buffers, self._module_buffers),
+        ):
+            if len(names) != len(mine):
+                return False
+            for k, tensor in mine.items():
+                other = names.get(k)
+                if (
+                    type(other) is not torch.Tensor
+                    or other.data_ptr() != tensor.data_ptr()
+                    or other.shape != tensor.shape
+                ):
+                    return False
+        return True
+
+    def _forward_loss(self, pieces: StepPieces, params, buffers, batch, in_place: bool = False):
         """`pieces.loss` run with `params` and `buffers` swapped into the model."""
+        if in_place:  # the model already holds exactly these tensors
+            return self._loss_module(batch, pieces.loss)
 
         tensors = _prefixed("model.", {**params, **buffers})
         return torch.func.functional_call(
@@ -233,20 +261,21 @@ class Step:
         if not config.donate:  # BatchNorm updates its statistics in place: work on copies
             buffers = {k: v.clone() for k, v in buffers.items()}
         frozen = {k: v for k, v in state.params.items() if k not in self._trainable_set}
-        microbatches = (
-            split_batch(batch, self._microbatch) if self._microbatch else [batch]
-        )
+        microbatches = split_batch(batch, self._microbatch) if self._microbatch else [batch]
         weights = _microbatch_weights(microbatches, config)
         scale = None
         if config.precision == "amp_fp16":
             scale = state.algo_state[precision_lib.LOSS_SCALE_KEY].scale
+        in_place = self._state_is_model(state)
         total_grads, total_loss, aux = None, None, {}
         for index, (microbatch, weight) in enumerate(zip(microbatches, weights)):
 
             def objective(leaves, microbatch=microbatch, weight=weight):
                 compute = dist_compute.gather_params(leaves)
                 with precision_lib.autocast_context(config.precision, self._device_type):
-                    loss, aux = self._forward_loss(pieces, {**frozen, **compute}, buffers, microbatch)
+                    loss, aux = self._forward_loss(
+                        pieces, {**frozen, **compute}, buffers, microbatch, in_place
+                    )
                 value = loss.float() * weight
                 return (value * scale if scale is not None else value), (loss, aux)
 
@@ -260,7 +289,9 @@ class Step:
                 )
             )
             with rng_context:
-                grads, loss, aux = self._differentiate(objective, state.params)
+                grads, loss, aux = self._differentiate(
+                    objective, self._module_params if in_place else state.params, in_place
+                )
             if total_grads is None:
                 total_grads, total_loss = grads, loss.detach().float() * weight
             else:
@@ -271,7 +302,7 @@ class Step:
         grads = dist_compute.finalize_grads(dict(zip(self._trainable, total_grads)), state.params)
         return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
 
-    def _differentiate(self, objective, params):
+    def _differentiate(self, objective, params, in_place: bool = False):
         """Gradients of `objective(leaves)` w.r.t. the trainable params, its loss and aux.
 
         "autograd" differentiates with `torch.autograd.grad` (works with DTensors, whose
@@ -282,7 +313,10 @@ class Step:
             leaves = {k: params[k] for k in self._trainable}
             grads, (loss, aux) = torch.func.grad(objective, has_aux=True)(leaves)
             return list(grads.values()), loss, aux
-        leaves = {k: params[k].detach().requires_grad_() for k in self._trainable}
+        if in_place:  # the model's own Parameters, which already require grad
+            leaves = {k: params[k] for k in self._trainable}
+        else:
+            leaves = {k: params[k].detach().requires_grad_() for k in self._trainable}
         with torch.enable_grad():
             value, (loss, aux) = objective(leaves)
             grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
@@ -342,7 +376,9 @@ class Step:
         )
         new_state = pieces.after_update(new_state)
         metrics = {
-            **{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()},
+            **{
+                k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
+            },
             "loss": dist_compute.mean_over_data_parallel(result.loss),
             "grad_norm": grad_norm.detach(),
             "lr": current_lr(new_state.opt_state),

@@ -18,7 +18,9 @@ class SmallNet(torch.nn.Module):
 
     def __init__(self, dropout: float = 0.0):
         super().__init__()
-        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1, bias=False)  # a bias before BN has ~0 gradient: Adam would amplify rounding noise
+        self.conv = torch.nn.Conv2d(
+            1, 4, 3, padding=1, bias=False
+        )  # a bias before BN has ~0 gradient: Adam would amplify rounding noise
         self.bn = torch.nn.BatchNorm2d(4)
         self.drop = torch.nn.Dropout(dropout)
         self.fc = torch.nn.Linear(4 * 8 * 8, 10)
@@ -36,7 +38,10 @@ def ce_loss(model, batch):
 def make_data(n_batches=5, batch_size=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [
-        (torch.randn(batch_size, 1, 8, 8, generator=gen), torch.randint(0, 10, (batch_size,), generator=gen))
+        (
+            torch.randn(batch_size, 1, 8, 8, generator=gen),
+            torch.randint(0, 10, (batch_size,), generator=gen),
+        )
         for _ in range(n_batches)
     ]
 
@@ -106,7 +111,9 @@ def test_microbatching_matches_full_batch(microbatch):
     gen = torch.Generator().manual_seed(1)
     batch = (torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen))
     full, _ = functrain.make_step(model, ce_loss, opt)(state, batch)
-    split, metrics = functrain.make_step(model, ce_loss, opt, microbatch_size=microbatch)(state, batch)
+    split, metrics = functrain.make_step(model, ce_loss, opt, microbatch_size=microbatch)(
+        state, batch
+    )
     assert tree_allclose(full.params, split.params, atol=1e-6)
     assert metrics["samples"] == 16
 
@@ -123,7 +130,11 @@ def test_weight_by_tokens_weights_microbatches_by_token_count():
         return ((model(x).squeeze(-1) ** 2) * m).sum() / m.sum()
 
     step = functrain.make_step(
-        model, token_loss, opt, microbatch_size=2, weight_by="tokens",
+        model,
+        token_loss,
+        opt,
+        microbatch_size=2,
+        weight_by="tokens",
         count_tokens=lambda b: int(b[1].sum()),
     )
     new, metrics = step(state, (x, mask))
@@ -196,7 +207,9 @@ def test_skip_nonfinite_keeps_params():
     model = torch.nn.Linear(2, 1)
     opt = optim.adamw(lr=0.1)
     state = functrain.init(model, opt, seed=0)
-    step = functrain.make_step(model, lambda m, b: m(b).sum() * float("nan"), opt, skip_nonfinite=True)
+    step = functrain.make_step(
+        model, lambda m, b: m(b).sum() * float("nan"), opt, skip_nonfinite=True
+    )
     new, metrics = step(state, torch.ones(4, 2))
     assert bool(metrics["skipped"])
     assert tree_allclose(new.params, state.params)
@@ -208,7 +221,9 @@ def test_frozen_parameters_are_not_updated():
     model[0].weight.requires_grad_(False)
     opt = optim.adamw(lr=0.1, weight_decay=0.5)
     state = functrain.init(model, opt, seed=0)
-    new, _ = functrain.make_step(model, lambda m, b: m(b).pow(2).mean(), opt)(state, torch.randn(4, 3))
+    new, _ = functrain.make_step(model, lambda m, b: m(b).pow(2).mean(), opt)(
+        state, torch.randn(4, 3)
+    )
     assert torch.equal(new.params["0.weight"], state.params["0.weight"])
     assert not torch.equal(new.params["1.weight"], state.params["1.weight"])
 
@@ -258,7 +273,9 @@ def test_compose_applies_algorithms_in_order_and_initialises_their_state():
     model = torch.nn.Linear(2, 1)
     opt = optim.sgd(lr=0.1)
     state = functrain.init(model, opt, seed=0)
-    step = functrain.compose(functrain.make_step(model, lambda m, b: m(b).mean(), opt), tagging("a"), tagging("b"))
+    step = functrain.compose(
+        functrain.make_step(model, lambda m, b: m(b).mean(), opt), tagging("a"), tagging("b")
+    )
     state, _ = step(state, torch.ones(2, 2))
     assert calls == ["a", "b"]
     assert set(state.algo_state) == {"a", "b"}
@@ -281,3 +298,24 @@ def test_bad_inputs_give_clear_errors():
         step({"params": {}}, torch.ones(3, 2))
     with pytest.raises(TypeError, match="nn.Module"):
         functrain.init(lambda x: x, opt)
+
+
+def test_donating_run_from_init_updates_the_model_in_place_like_a_plain_loop():
+    torch.manual_seed(0)
+    model = SmallNet()
+    twin = copy.deepcopy(model)
+    opt = optim.adamw(lr=1e-2)
+    data = make_data(3)
+    pure_state = functrain.init(twin, opt, seed=0)
+    pure = functrain.make_step(twin, ce_loss, opt)
+    for batch in data:
+        pure_state, _ = pure(pure_state, batch)
+    state = functrain.init(model, opt, seed=0)
+    donating = functrain.make_step(model, ce_loss, opt, donate=True)
+    assert donating._state_is_model(state)  # the fast path: no parameter swapping
+    for batch in data:
+        state, _ = donating(state, batch)
+    assert tree_allclose(state.params, pure_state.params, atol=1e-6)
+    assert tree_allclose(state.buffers, pure_state.buffers, atol=1e-6)
+    for name, p in model.named_parameters():  # the model follows training, as in a plain loop
+        assert torch.equal(p.detach(), state.params[name])
