@@ -46,7 +46,9 @@ def autocast_context(precision: str, device_type: str):
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
-def init_loss_scale(init_scale: float = 2.0**16, device: str | torch.device = "cpu") -> LossScaleState:
+def init_loss_scale(
+    init_scale: float = 2.0**16, device: str | torch.device = "cpu"
+) -> LossScaleState:
     """The initial loss scale (PyTorch's GradScaler starts at 2**16 too)."""
     return LossScaleState(
         scale=torch.tensor(init_scale, dtype=torch.float32, device=device),

@@ -16,7 +16,10 @@ def test_compiled_step_matches_eager_step_and_does_not_break_the_graph():
     step = functrain.make_step(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), opt)
     compiled = functrain.compile_step(step)
     gen = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(8, 8, generator=gen), torch.randint(0, 3, (8,), generator=gen)) for _ in range(4)]
+    batches = [
+        (torch.randn(8, 8, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+        for _ in range(4)
+    ]
     eager_state, compiled_state = tree_clone(state), tree_clone(state)
     torch._dynamo.utils.counters.clear()
     for batch in batches:

@@ -25,7 +25,10 @@ class Holder:
 def test_paths_name_fields_not_indices():
     value = {"opt": PairState(3, {"fc.weight": torch.ones(2)}), "h": Holder(1, {"x": [2.0]})}
     assert [p for p, _ in tree.leaves_with_paths(value)] == [
-        "h.a", "h.b.x.0", "opt.count", "opt.mu.fc.weight"
+        "h.a",
+        "h.b.x.0",
+        "opt.count",
+        "opt.mu.fc.weight",
     ]
 
 
