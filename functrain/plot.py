@@ -1,0 +1,151 @@
+"""`python -m functrain.plot RUN_DIR`: draw a run's curves from its JSONL log to a PNG.
+
+Reads `RUN_DIR/metrics.jsonl` (written by `functrain.loggers.JSONLLogger`) and draws up to four
+panels against the training step: losses (training and evaluation), learning rate, throughput,
+and the other evaluation metrics. The figure goes to `RUN_DIR/curves.png` unless `--out` says
+otherwise.
+
+Example:
+    $ python -m functrain.plot runs/digits
+    wrote runs/digits/curves.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+from .loggers.jsonl import DEFAULT_FILE_NAME, read_metrics
+
+OUT_FILE_NAME = "curves.png"
+
+Series = dict[str, list[tuple[int, float]]]
+
+
+def _last(key: str) -> str:
+    return key.rsplit("/", 1)[-1]
+
+
+def _is_loss(key: str) -> bool:
+    return _last(key) in ("loss", "cross_entropy") or key.endswith("_loss")
+
+
+def _is_lr(key: str) -> bool:
+    return bool(re.fullmatch(r"(train/)?(lr|learning_rate)(/.*)?", key))
+
+
+def _is_throughput(key: str) -> bool:
+    return key in ("throughput/samples_per_sec", "throughput/tokens_per_sec")
+
+
+def _is_eval(key: str) -> bool:
+    return key.startswith(("eval/", "val/", "eval_", "val_"))
+
+
+def panels(series: Series) -> list[tuple[str, list[str]]]:
+    """Group metric keys into panels: `[(title, keys), ...]`, empty panels left out.
+
+    Args:
+        series: `{key: [(step, value), ...]}` as from `read_metrics`.
+    Returns:
+        the panels in display order.
+    """
+    keys = sorted(series)
+    groups = [
+        ("loss", [k for k in keys if _is_loss(k)]),
+        ("learning rate", [k for k in keys if _is_lr(k)]),
+        ("throughput", [k for k in keys if _is_throughput(k)]),
+        ("eval metrics", [k for k in keys if _is_eval(k) and not _is_loss(k)]),
+    ]
+    return [(title, members) for title, members in groups if members]
+
+
+def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Draw the curves of the run in `run_dir` and write them as a PNG.
+
+    Args:
+        run_dir: a run directory holding `metrics.jsonl` (or the JSONL file itself).
+        out: the PNG to write (default: `<run_dir>/curves.png`).
+    Returns:
+        the path written.
+    Raises:
+        FileNotFoundError: no metrics file; ValueError: nothing plottable in it.
+    """
+    # The Agg canvas directly, not pyplot: no display, and the caller's backend is untouched.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+    log = run_dir if run_dir.is_file() else run_dir / DEFAULT_FILE_NAME
+    if not log.exists():
+        raise FileNotFoundError(
+            f"no metrics log at {log}: train with loggers=[functrain.loggers.JSONLLogger()] and "
+            "fit(..., run_dir=RUN_DIR), or point to the .jsonl file itself"
+        )
+    series = read_metrics(log)
+    groups = panels(series)
+    if not groups:
+        raise ValueError(
+            f"{log} has no loss, learning-rate, throughput or eval metric to plot (found: "
+            f"{sorted(series) or 'nothing'})"
+        )
+    out = Path(out) if out is not None else log.parent / OUT_FILE_NAME
+    columns = 1 if len(groups) == 1 else 2
+    rows = math.ceil(len(groups) / columns)
+    figure = Figure(figsize=(6.0 * columns, 3.6 * rows), dpi=110)
+    FigureCanvasAgg(figure)
+    for index, (title, keys) in enumerate(groups):
+        axes = figure.add_subplot(rows, columns, index + 1)
+        lines = []
+        for number, key in enumerate(keys):
+            target = axes
+            if key == "throughput/tokens_per_sec" and len(keys) > 1:
+                target = axes.twinx()  # tokens/s is ~context-length times samples/s
+            steps = [s for s, _ in series[key]]
+            values = [v for _, v in series[key]]
+            style = "o-" if len(steps) <= 30 else "-"  # sparse series (evals) get markers
+            lines += target.plot(
+                steps, values, style, markersize=3, linewidth=1.2, label=key, color=f"C{number}"
+            )
+            top = max((v for v in values if math.isfinite(v)), default=0.0)
+            if title == "throughput" and top > 0:
+                target.set_ylim(0, 1.15 * top)  # from zero: noise should look like noise
+        finite = [v for k in keys for _, v in series[k] if math.isfinite(v)]
+        if title == "loss" and finite and min(finite) > 0:
+            if max(finite) / min(finite) > 50:  # spans decades: a log axis shows the shape
+                axes.set_yscale("log")
+        axes.set_title(title)
+        axes.set_xlabel("step")
+        axes.grid(True, alpha=0.3)
+        axes.legend(lines, [line.get_label() for line in lines], fontsize=7)
+    figure.suptitle(str(run_dir.name if run_dir.is_dir() else log.name))
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: `python -m functrain.plot RUN_DIR [--out FILE.png]`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m functrain.plot",
+        description="Draw a run's loss, learning rate, throughput and eval curves to a PNG.",
+    )
+    parser.add_argument("run_dir", help="the run directory (holding metrics.jsonl)")
+    parser.add_argument("--out", default=None, help="the PNG to write (default RUN_DIR/curves.png)")
+    args = parser.parse_args(argv)
+    try:
+        out = plot_run(args.run_dir, args.out)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"functrain.plot: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""`python -m functrain.plot RUN_DIR`: curves from the JSONL log to a PNG."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from matplotlib.image import imread
+
+from functrain.loggers import JSONLLogger
+from functrain.plot import main, panels, plot_run
+
+
+def _write_run(run_dir, steps=60):
+    logger = JSONLLogger(run_dir / "metrics.jsonl")
+    for step in range(1, steps + 1):
+        logger.log_metrics(
+            {
+                "train/loss": 2.3 * math.exp(-step / 20) + 0.1,
+                "train/lr": 1e-3 * min(1.0, step / 10),
+                "throughput/samples_per_sec": 900.0 + 10 * math.sin(step),
+                "train/grad_norm": 1.0,
+            },
+            step=step,
+        )
+        if step % 20 == 0:
+            logger.log_metrics({"eval/loss": 0.5 + 1 / step, "eval/accuracy": 1 - 1 / step}, step)
+    logger.close()
+
+
+def test_command_writes_a_png(tmp_path):
+    _write_run(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "functrain.plot", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],  # the repository root: functrain importable
+    )
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "curves.png"
+    assert f"wrote {out}" in result.stdout
+    image = imread(out)
+    assert image.shape[0] >= 600 and image.shape[1] >= 1000  # four panels, 2 x 2
+    assert image[..., :3].std() > 0.05  # something was drawn
+
+
+def test_panels_group_the_keys():
+    series = {k: [(1, 1.0)] for k in [
+        "train/loss", "eval/loss", "eval/cross_entropy", "train/lr", "lr/body.lr",
+        "throughput/samples_per_sec", "throughput/device/samples_per_sec", "eval/accuracy",
+        "train/grad_norm",
+    ]}  # fmt: skip
+    assert panels(series) == [
+        ("loss", ["eval/cross_entropy", "eval/loss", "train/loss"]),
+        ("learning rate", ["lr/body.lr", "train/lr"]),
+        ("throughput", ["throughput/samples_per_sec"]),
+        ("eval metrics", ["eval/accuracy"]),
+    ]
+
+
+def test_out_option_and_partial_logs(tmp_path):
+    logger = JSONLLogger(tmp_path / "metrics.jsonl")
+    logger.log_metrics({"train/loss": 1.0}, step=1)
+    logger.log_metrics({"train/loss": 0.5}, step=2)
+    logger.close()
+    out = plot_run(tmp_path, tmp_path / "sub" / "loss.png")
+    assert out.exists() and imread(out).shape[1] >= 500
+
+
+def test_clear_errors(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 1
+    assert "JSONLLogger" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/samples": 32}\n')
+    with pytest.raises(ValueError, match="nothing to plot|no loss"):
+        plot_run(tmp_path)
