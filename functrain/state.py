@@ -19,7 +19,7 @@ import torch
 
 from .rng import RngState
 from .time import Timestamp
-from .tree import register_dataclass
+from .tree import fast_replace, register_dataclass
 
 
 @register_dataclass
@@ -51,7 +51,7 @@ class TrainState:
 
     def replace(self, **changes: Any) -> TrainState:
         """A copy with some fields changed (the state itself is never modified)."""
-        return dataclasses.replace(self, **changes)
+        return fast_replace(self, changes)
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:
