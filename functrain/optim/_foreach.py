@@ -1,0 +1,161 @@
+"""Private helpers: `torch._foreach_*` on lists of tensors, pure or in place, and tree plumbing.
+
+Every transform flattens its pytrees into lists and runs one fused `torch._foreach_*` kernel per
+operation. `fe(op, xs, ..., inplace=...)` picks the out-of-place or in-place variant, so the pure
+path and the donating path share one code path: a transform allocates fresh tensors once (or
+writes into donated ones) and then works in place on what it owns.
+
+Example:
+    >>> xs = [torch.ones(2), torch.ones(3)]
+    >>> fe("mul", xs, 2.0)[0]
+    tensor([2., 2.])
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..tree import tree_flatten
+
+
+def is_dtensor(x: Any) -> bool:
+    """True for a DTensor, without importing torch.distributed.tensor (slow: it pulls sympy).
+
+    No DTensor can exist unless that module has been imported, so looking it up suffices.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(x, module.DTensor)
+
+
+def fe(op: str, xs: list[torch.Tensor], *args: Any, inplace: bool = False, **kwargs: Any) -> list:
+    """Apply `torch._foreach_<op>` (or `torch._foreach_<op>_` when `inplace`) to `xs`.
+
+    Args:
+        op: the foreach op name without prefix, e.g. "mul", "add", "lerp".
+        xs: the tensors (written to when `inplace`).
+        *args, **kwargs: the op's other arguments (scalars or lists matching `xs`).
+        inplace: write into `xs` and return it, instead of returning new tensors.
+    Returns:
+        the result tensors, as a list (`xs` itself when `inplace`).
+    """
+    if not xs:  # foreach kernels reject empty lists
+        return xs if inplace else []
+    if inplace:
+        getattr(torch, f"_foreach_{op}_")(xs, *args, **kwargs)
+        return xs
+    return list(getattr(torch, f"_foreach_{op}")(xs, *args, **kwargs))
+
+
+def copy_into(dst: list[torch.Tensor], src: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`dst[i].copy_(src[i])` for all i; returns `dst`."""
+    if not dst:
+        return dst
+    if is_dtensor(dst[0]):
+        # DTensor has no sharding rule for _foreach_copy_ (torch 2.13); copy one by one.
+        for d, s in zip(dst, src):
+            d.copy_(s)
+    else:
+        torch._foreach_copy_(dst, src)
+    return dst
+
+
+def zeros_like(xs: list[torch.Tensor], *, inplace: bool = False) -> list[torch.Tensor]:
+    """Zeros shaped (and placed) like `xs`; overwrite `xs` when `inplace`."""
+    if inplace:
+        return fe("zero", xs, inplace=True)
+    return [torch.zeros_like(x) for x in xs]
+
+
+def donating(extra: Mapping[str, Any]) -> bool:
+    """True when the caller lets transforms overwrite grads and their own state (`donate=True`)."""
+    return bool(extra.get("donate", False))
+
+
+def flatten(tree: Any) -> tuple[list[Any], Any]:
+    """`(leaves, treespec)` of a gradient-like pytree."""
+    return tree_flatten(tree)
+
+
+def leaves_matching(tree: Any, treespec: Any, what: str) -> list[Any]:
+    """The leaves of `tree`, which must have the structure `treespec` (that of the gradients).
+
+    Raises:
+        ValueError: naming `what` when the structures differ.
+    """
+    leaves, spec = tree_flatten(tree)
+    if spec != treespec:
+        raise ValueError(
+            f"{what} do not have the same structure as the gradients: {spec} vs {treespec}. "
+            "Pass params and grads over the same parameter names (the trainable ones), and "
+            "build the optimizer state with `init` on those same params."
+        )
+    return leaves
+
+
+def params_like(grads: Any, params: Any, treespec: Any, who: str) -> list[torch.Tensor]:
+    """The parameter leaves that correspond to the gradient leaves, in the same order.
+
+    `params` may be a superset dict of `grads` (e.g. all of `state.params` including frozen ones):
+    the names of `grads` are picked from it.
+
+    Raises:
+        ValueError: when `params` is None (the transform `who` needs them) or does not match.
+    """
+    if params is None:
+        raise ValueError(f"{who} needs the current parameters: call update(grads, state, params).")
+    if isinstance(grads, Mapping) and isinstance(params, Mapping) and params.keys() != grads.keys():
+        missing = [k for k in grads if k not in params]
+        if missing:
+            raise ValueError(
+                f"{who}: params lack the gradient entries {missing[:5]}; pass the params the "
+                "gradients were taken with respect to."
+            )
+        params = {k: params[k] for k in grads}
+    return leaves_matching(params, treespec, f"{who}: params")
+
+
+def evaluate(value: float | Callable[[Any], float], count: int, extra: Mapping[str, Any]) -> float:
+    """A hyperparameter's current value: a number as is, a schedule at `extra["time"]` or `count`.
+
+    Args:
+        value: a number, or a schedule `schedule(t) -> float`.
+        count: the transform's own update count, used when no `time` extra is given.
+        extra: the update's keyword extras (may hold `time`, a `functrain.time.Timestamp`).
+    Returns:
+        the value as a Python float.
+    """
+    if callable(value):
+        t = extra.get("time")
+        return float(value(count if t is None else t))
+    return float(value)
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    low: float = 0.0,
+    high: float | None = None,
+    schedule: bool = False,
+) -> None:
+    """Validate a hyperparameter: a number in `[low, high)`, or a schedule if `schedule` is True.
+
+    Raises:
+        TypeError: when `value` is neither a number nor (where allowed) a schedule.
+        ValueError: when `value` is a number outside `[low, high)`.
+    """
+    if schedule and callable(value):
+        return  # schedules are checked when evaluated
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        kinds = "a number or a schedule `t -> float`" if schedule else "a number"
+        hint = "" if schedule else " (schedule it with functrain.optim.inject_hyperparams)"
+        raise TypeError(f"{name} must be {kinds}{hint}, got {value!r}") from None
+    if number < low or (high is not None and number >= high):
+        bounds = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"invalid {name}={value}: it must be {bounds}")

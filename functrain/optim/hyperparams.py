@@ -1,0 +1,139 @@
+"""`inject_hyperparams`: hyperparameters as state, and `current_lr`, which reads the lr back.
+
+`inject_hyperparams(factory)(lr=schedule, weight_decay=0.05)` evaluates every numeric or
+scheduled hyperparameter at each update, stores the values in the state as Python floats (so they
+checkpoint and can be logged), and rebuilds `factory(**values)` to do the update. A schedule is a
+callable `schedule(t) -> float`; `t` is `extra["time"]` (a `functrain.time.Timestamp`) when the
+update gets one, else the transform's own update count.
+
+Example:
+    >>> opt = inject_hyperparams(adamw)(lr=lambda t: 1e-3 * min(1.0, (t + 1) / 100))
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(grads, state, params, time=Timestamp(batch=0))
+    >>> current_lr(state)  # the value used at batch 0
+    1e-05
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from ..tree import tree_flatten
+from ._foreach import evaluate
+from .base import Transform
+
+LR_NAMES = ("lr", "learning_rate")
+
+
+class InjectHyperparamsState(NamedTuple):
+    """`count`: updates done (int); `hyperparams`: `{name: float}` last used; `inner_state`."""
+
+    count: int
+    hyperparams: dict[str, float]
+    inner_state: Any
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, (bool, str))
+
+
+def inject_hyperparams(
+    factory: Callable[..., Transform], static_args: Sequence[str] = ()
+) -> Callable[..., Transform]:
+    """Wrap an optimizer factory so that its numeric hyperparameters live in the state.
+
+    Args:
+        factory: a function returning a `Transform` (e.g. `adamw`, `sgd`, `clip_by_global_norm`).
+        static_args: names passed to `factory` as given, even if numeric (e.g. "every_k").
+            Non-numeric arguments (bools, tuples such as `betas`, masks) are always static.
+    Returns:
+        a function taking `factory`'s keyword arguments, where numbers may be replaced by
+        schedules, and returning a `Transform` with `InjectHyperparamsState`.
+    Raises:
+        ValueError: at update time, if a changing value alters the state's structure (e.g.
+            sgd's momentum going from 0 to nonzero); start it nonzero or keep it static.
+    Example:
+        >>> opt = inject_hyperparams(sgd)(lr=cosine, momentum=0.9)
+    """
+    static_names = frozenset(static_args)
+
+    def make(**hparams: Any) -> Transform:
+        dynamic = {
+            k: v
+            for k, v in hparams.items()
+            if k not in static_names and (callable(v) or _is_number(v))
+        }
+        static = {k: v for k, v in hparams.items() if k not in dynamic}
+
+        def values_at(count: int, extra: Mapping[str, Any]) -> dict[str, float]:
+            return {k: evaluate(v, count, extra) for k, v in dynamic.items()}
+
+        def init(params):
+            values = values_at(0, {})
+            return InjectHyperparamsState(0, values, factory(**static, **values).init(params))
+
+        def structure_error(values):
+            return ValueError(
+                f"inject_hyperparams({getattr(factory, '__name__', factory)}): the values "
+                f"{values} change the optimizer state's structure (e.g. a momentum that "
+                "becomes nonzero); make that hyperparameter start nonzero or pass it as a "
+                "static_args name"
+            )
+
+        def update(grads, state, params=None, **extra):
+            values = values_at(state.count, extra)
+            inner = factory(**static, **values)
+            try:
+                updates, inner_state = inner.update(grads, state.inner_state, params, **extra)
+            except (ValueError, TypeError, AttributeError) as err:
+                changed = params is not None and (
+                    tree_flatten(inner.init(params))[1] != tree_flatten(state.inner_state)[1]
+                )
+                if changed:
+                    raise structure_error(values) from err
+                raise
+            if tree_flatten(inner_state)[1] != tree_flatten(state.inner_state)[1]:
+                raise structure_error(values)
+            return updates, InjectHyperparamsState(state.count + 1, values, inner_state)
+
+        return Transform(init, update)
+
+    return make
+
+
+def current_lr(opt_state: Any) -> float | None:
+    """The learning rate last used, found by walking the optimizer state; None if there is none.
+
+    Looks (outermost first) for an `InjectHyperparamsState`-like `hyperparams` dict with an
+    "lr"/"learning_rate" entry, or a state NamedTuple with a numeric `lr` field (such as
+    `ScaleByLearningRateState`). Only NamedTuple fields are matched, never parameter names.
+
+    Example:
+        >>> current_lr(sgd(0.1).init(params))
+        0.1
+    """
+    if isinstance(opt_state, tuple) and hasattr(opt_state, "_fields"):
+        fields = opt_state._fields
+        if "hyperparams" in fields and isinstance(opt_state.hyperparams, Mapping):
+            for name in LR_NAMES:
+                if name in opt_state.hyperparams:
+                    return float(opt_state.hyperparams[name])
+        for name in LR_NAMES:
+            if name in fields and _is_number(getattr(opt_state, name)):
+                return float(getattr(opt_state, name))
+    if isinstance(opt_state, (tuple, list)):
+        children = opt_state
+    elif isinstance(opt_state, Mapping):
+        children = opt_state.values()
+    else:
+        return None
+    for child in children:
+        found = current_lr(child)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,175 @@
+"""Scaling transforms: `scale`, `scale_by_learning_rate`, and the two kinds of weight decay.
+
+`add_decayed_weights(wd)` adds `wd * param` to the update (coupled: it is then multiplied by the
+learning rate, as in torch's SGD/Adam L2 term or AdamW's decay when placed before the lr).
+`add_decoupled_weight_decay(wd, lr, initial_lr)` goes *after* the learning rate and subtracts
+`wd * (lr_t / initial_lr) * param`: Composer's decoupled decay, which follows the schedule's shape
+but not the size of the learning rate.
+
+Example:
+    >>> opt = chain(scale_by_adam(), add_decayed_weights(1e-2), scale_by_learning_rate(1e-3))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from ..tree import tree_unflatten
+from ._foreach import check_number, donating, evaluate, fe, flatten, params_like
+from .base import EmptyState, Transform
+
+ScalarOrSchedule = float | Callable[[Any], float]
+
+
+def scale(factor: float) -> Transform:
+    """Multiply the updates by a constant `factor`.
+
+    Example:
+        >>> updates, _ = scale(-0.1).update(grads, EmptyState())
+    """
+    factor = float(factor)
+
+    def init(params):
+        del params
+        return EmptyState()
+
+    @torch.no_grad()
+    def update(grads, state, params=None, **extra):
+        del params
+        leaves, spec = flatten(grads)
+        return tree_unflatten(spec, fe("mul", leaves, factor, inplace=donating(extra))), state
+
+    return Transform(init, update)
+
+
+class ScaleByLearningRateState(NamedTuple):
+    """`count`: updates done (Python int); `lr`: the learning rate last used (Python float)."""
+
+    count: int
+    lr: float
+
+
+def scale_by_learning_rate(lr: ScalarOrSchedule, *, flip_sign: bool = True) -> Transform:
+    """Multiply the updates by `-lr` (by `lr` if `flip_sign=False`).
+
+    Args:
+        lr: a number, or a schedule `schedule(t) -> float` evaluated at `extra["time"]` (a
+            Timestamp) when the update is given one, else at this transform's own update count.
+        flip_sign: negate, so that `apply_updates` descends (the optax convention).
+    Returns:
+        a `Transform` with `ScaleByLearningRateState(count, lr)`; `lr` is the value last used
+        (before the first update: the schedule at t=0).
+    Example:
+        >>> t = scale_by_learning_rate(lambda t: 0.1 / (1 + t))
+    """
+    check_number("lr", lr, schedule=True)
+    sign = -1.0 if flip_sign else 1.0
+
+    def init(params):
+        del params
+        return ScaleByLearningRateState(count=0, lr=evaluate(lr, 0, {}))
+
+    @torch.no_grad()
+    def update(grads, state, params=None, **extra):
+        del params
+        value = evaluate(lr, state.count, extra)
+        leaves, spec = flatten(grads)
+        out = fe("mul", leaves, sign * value, inplace=donating(extra))
+        return tree_unflatten(spec, out), ScaleByLearningRateState(state.count + 1, value)
+
+    return Transform(init, update)
+
+
+def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
+    """Add `weight_decay * param` to the updates (an L2 term; identity when it is 0).
+
+    Args:
+        weight_decay: the coefficient (a number; schedule it with `inject_hyperparams`).
+    Example:
+        >>> opt = chain(add_decayed_weights(5e-4), scale_by_learning_rate(0.1))  # torch SGD L2
+    """
+    check_number("weight_decay", weight_decay)
+    weight_decay = float(weight_decay)
+
+    def init(params):
+        del params
+        return EmptyState()
+
+    @torch.no_grad()
+    def update(grads, state, params=None, **extra):
+        if weight_decay == 0.0:
+            return grads, state
+        leaves, spec = flatten(grads)
+        ps = params_like(grads, params, spec, "add_decayed_weights")
+        out = fe("add", leaves, ps, alpha=weight_decay, inplace=donating(extra))
+        return tree_unflatten(spec, out), state
+
+    return Transform(init, update)
+
+
+class DecoupledWeightDecayState(NamedTuple):
+    """`count`: updates done (int); `factor`: the last `lr_t / initial_lr` used (float)."""
+
+    count: int
+    factor: float
+
+
+def add_decoupled_weight_decay(
+    weight_decay: float,
+    lr: ScalarOrSchedule,
+    initial_lr: float | None = None,
+) -> Transform:
+    """Subtract `weight_decay * (lr_t / initial_lr) * param` (Composer's decoupled decay).
+
+    Place it *after* `scale_by_learning_rate`: the decay is not multiplied by the learning rate,
+    only by its schedule's ratio `lr_t / initial_lr` (so a parameter shrinks by the factor
+    `1 - weight_decay` per step at the initial learning rate). As in Composer, an `initial_lr`
+    of 0 makes the ratio 1.
+
+    Args:
+        weight_decay: the decoupled coefficient.
+        lr: the same learning rate (number or schedule) given to `scale_by_learning_rate`.
+        initial_lr: the base lr the schedule is relative to; defaults to `lr` when it is a
+            number, and is required when `lr` is a schedule (e.g. 1e-3 for `1e-3 * schedule`).
+    Example:
+        >>> opt = chain(trace(0.9), scale_by_learning_rate(0.1),
+        ...             add_decoupled_weight_decay(1e-4, lr=0.1))
+    """
+    check_number("weight_decay", weight_decay)
+    weight_decay = float(weight_decay)
+    base = _initial_lr(lr, initial_lr)
+
+    def factor_at(count, extra):
+        return evaluate(lr, count, extra) / base if base else 1.0
+
+    def init(params):
+        del params
+        return DecoupledWeightDecayState(count=0, factor=factor_at(0, {}))
+
+    @torch.no_grad()
+    def update(grads, state, params=None, **extra):
+        factor = factor_at(state.count, extra)
+        new_state = DecoupledWeightDecayState(state.count + 1, factor)
+        if weight_decay == 0.0:
+            return grads, new_state
+        leaves, spec = flatten(grads)
+        ps = params_like(grads, params, spec, "add_decoupled_weight_decay")
+        out = fe("add", leaves, ps, alpha=-weight_decay * factor, inplace=donating(extra))
+        return tree_unflatten(spec, out), new_state
+
+    return Transform(init, update)
+
+
+def _initial_lr(lr: ScalarOrSchedule, initial_lr: float | None) -> float:
+    if initial_lr is not None:
+        check_number("initial_lr", initial_lr)
+        return float(initial_lr)
+    if callable(lr):
+        raise ValueError(
+            "decoupled weight decay with a learning-rate schedule needs initial_lr=, the base "
+            "learning rate the decay is relative to (e.g. initial_lr=1e-3 for lr=1e-3 * schedule)"
+        )
+    return float(lr)

@@ -1,0 +1,107 @@
+"""inject_hyperparams: values in state, schedules read extra["time"]; current_lr."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functrain.optim import (
+    InjectHyperparamsState,
+    adamw,
+    chain,
+    clip_by_global_norm,
+    current_lr,
+    decoupled_adamw,
+    inject_hyperparams,
+    masked,
+    multi_steps,
+    sgd,
+)
+from functrain.time import Timestamp
+from functrain.tree import leaves_with_paths
+
+
+def _batches(t):
+    return t.batch if isinstance(t, Timestamp) else t
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(0, 10_000), calls=st.integers(1, 3))
+def test_schedule_uses_extra_time_when_given(batch, calls):
+    def schedule(t):
+        return 1.0 / (1 + _batches(t))
+
+    opt = inject_hyperparams(sgd)(lr=schedule)
+    params = {"w": torch.zeros(2)}
+    state = opt.init(params)
+    for _ in range(calls):
+        updates, state = opt.update(
+            {"w": torch.ones(2)}, state, params, time=Timestamp(batch=batch)
+        )
+    assert state.hyperparams["lr"] == schedule(batch)
+    assert current_lr(state) == schedule(batch)
+    assert torch.allclose(updates["w"], torch.full((2,), -schedule(batch)))
+    assert state.count == calls
+
+
+def test_schedule_falls_back_to_own_count():
+    opt = inject_hyperparams(sgd)(lr=lambda t: 0.1 * (t + 1), momentum=0.9)
+    params = {"w": torch.zeros(1)}
+    state = opt.init(params)
+    assert current_lr(state) == pytest.approx(0.1)  # value at t=0 before any update
+    used = []
+    for _ in range(3):
+        _, state = opt.update({"w": torch.ones(1)}, state, params)
+        used.append(current_lr(state))
+    assert used == pytest.approx([0.1, 0.2, 0.3])
+    assert state.hyperparams["momentum"] == 0.9
+
+
+def test_injected_equals_plain_and_state_is_checkpointable(random_tree):
+    params = random_tree(0)
+    plain = adamw(1e-2, betas=(0.9, 0.99))
+    injected = inject_hyperparams(adamw)(lr=1e-2, betas=(0.9, 0.99))
+    s1, s2 = plain.init(params), injected.init(params)
+    for seed in range(1, 4):
+        g = random_tree(seed)
+        u1, s1 = plain.update(g, s1, params)
+        u2, s2 = injected.update(g, s2, params)
+        assert all(torch.equal(u1[k], u2[k]) for k in u1)
+    assert isinstance(s2, InjectHyperparamsState)
+    for path, leaf in leaves_with_paths(s2):  # only tensors and plain numbers
+        assert isinstance(leaf, (torch.Tensor, int, float)), path
+    assert "hyperparams.lr" in dict(leaves_with_paths(s2))
+
+
+def test_static_args_and_structure_change_error():
+    params = {"w": torch.zeros(2)}
+    acc = inject_hyperparams(multi_steps, static_args=("inner", "every_k"))(
+        inner=sgd(0.1), every_k=2
+    )
+    acc.update({"w": torch.ones(2)}, acc.init(params), params)
+    flip = inject_hyperparams(sgd)(lr=0.1, momentum=lambda t: 0.9 if t else 0.0)
+    state = flip.init(params)
+    _, state = flip.update({"w": torch.ones(2)}, state, params)
+    with pytest.raises(ValueError, match="structure"):
+        flip.update({"w": torch.ones(2)}, state, params)
+
+
+def test_decoupled_adamw_injected_needs_initial_lr():
+    params = {"w": torch.ones(1, dtype=torch.float64)}
+    zero = {"w": torch.zeros(1, dtype=torch.float64)}
+    opt = inject_hyperparams(decoupled_adamw)(
+        lr=lambda t: 0.5e-3, initial_lr=1e-3, weight_decay=0.1
+    )
+    updates, _ = opt.update(zero, opt.init(params), params)
+    # lr_t / initial_lr = 0.5, so the decay is 0.1 * 0.5.
+    assert torch.allclose(params["w"] + updates["w"], torch.tensor([0.95], dtype=torch.float64))
+
+
+def test_current_lr_finds_nested_and_absent():
+    params = {"w": torch.zeros(2)}
+    assert current_lr(sgd(0.3).init(params)) == 0.3
+    nested = chain(clip_by_global_norm(1.0), masked(multi_steps(adamw(2e-3), 2), {"w": True}))
+    assert current_lr(nested.init(params)) == 2e-3
+    assert current_lr(clip_by_global_norm(1.0).init(params)) is None
+    # A parameter named "lr" is not mistaken for a learning rate.
+    assert current_lr(chain(clip_by_global_norm(1.0)).init({"lr": torch.zeros(1)})) is None
