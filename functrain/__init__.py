@@ -9,7 +9,19 @@ Example:
     >>> state, metrics = step(state, batch)
 """
 
-from . import optim, rng, schedules, tree
+from . import (
+    algorithms,
+    callbacks,
+    functional,
+    loggers,
+    models,
+    optim,
+    recipes,
+    rng,
+    schedules,
+    tree,
+)
+from .algorithms import apply_surgery
 from .compile import CompiledStep, compile_step
 from .rng import RngState, key_for
 from .state import TrainState, init
@@ -29,12 +41,19 @@ __all__ = [
     "TimeUnit",
     "Timestamp",
     "TrainState",
+    "algorithms",
+    "apply_surgery",
+    "callbacks",
     "compile_step",
     "compose",
+    "functional",
     "init",
     "key_for",
+    "loggers",
     "make_step",
+    "models",
     "optim",
+    "recipes",
     "rng",
     "schedules",
     "tree",

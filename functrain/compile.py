@@ -12,9 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
+import torch._dynamo
 
 from .dist import compute as dist_compute
 from .rng import seed_for, seeded_global_rng
@@ -26,7 +28,7 @@ class CompiledStep:
     """A `Step` whose gradient and update run as one compiled graph.
 
     Attributes:
-        step: the eager step it was made from (with `grad_mode="func"`).
+        step: the eager step it was made from.
     """
 
     def __init__(self, step: Step, **compile_options: Any):
@@ -34,8 +36,12 @@ class CompiledStep:
             raise TypeError(f"compile_step takes a Step from make_step, got {type(step).__name__}")
         if step.config.microbatch_size == "auto":
             raise ValueError("compile_step needs a fixed microbatch_size, not 'auto'")
-        self.step = step.with_options(grad_mode="func")
-        self.pieces = self.step.pieces
+        self.step = step
+        self.pieces = step.pieces
+        # The compiled core is the step minus `prepare`: data-side transforms draw their random
+        # choices on the host (keys from hashing), which would break the graph.
+        self._core_step = copy.copy(step)
+        self._core_step.pieces = step.pieces._replace(prepare=lambda state, batch: batch)
         self._compiled = torch.compile(self._core, **compile_options)
 
     def with_options(self, **changes) -> CompiledStep:
@@ -43,13 +49,20 @@ class CompiledStep:
         return CompiledStep(self.step.with_options(**changes))
 
     def _core(self, state: TrainState, batch: Any):
-        return Step.__call__(self.step, state, batch)
+        return Step.__call__(self._core_step, state, batch)
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         state = self.step.init_algorithms(state)
+        batch = self.pieces.prepare(state, batch)
         rank, _ = dist_compute.data_parallel_info()
         seed = seed_for(state.rng, state.step, "forward", rank * 65536)
-        with seeded_global_rng(seed, self.step._device_type):
+        # trace_autograd_ops lets dynamo trace `torch.autograd.grad` into the graph, so the
+        # default ("autograd") gradients compile whole, BatchNorm's in-place statistics included
+        # (torch.func.grad rejects those in-place updates).
+        with (
+            seeded_global_rng(seed, self.step._device_type),
+            torch._dynamo.config.patch(trace_autograd_ops=True),
+        ):
             return self._compiled(state, batch)
 
 

@@ -85,12 +85,15 @@ class Algorithm(NamedTuple):
         apply: `StepPieces -> StepPieces`.
         init: `TrainState -> pytree`, the initial `state.algo_state[name]` (None: no state).
         resumable: False when a resumed run cannot match the uninterrupted one exactly.
+        surgery: `Module -> Module` on a copy, applied once before `init` by
+            `functrain.algorithms.apply_surgery` (None: no model surgery).
     """
 
     name: str
     apply: Callable[[StepPieces], StepPieces]
     init: Callable[[TrainState], Any] | None = None
     resumable: bool = True
+    surgery: Callable[[torch.nn.Module], torch.nn.Module] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,10 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+# One intra-op thread: tests are small, multi-rank tests start several processes on 2 cores, and
+# oversubscribed threads made single convolutions tens of times slower here.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

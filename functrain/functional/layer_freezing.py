@@ -1,0 +1,45 @@
+"""Layer freezing (FreezeOut-style): progressively stop training the earliest layers.
+
+No layer is frozen until `freeze_start` of training has passed; then the frozen fraction grows
+linearly to `freeze_level` at the end of training. A "layer" is a module that owns parameters,
+in the order `named_parameters()` lists them (the model's definition order); the last layer is
+never frozen.
+
+Example:
+    >>> freeze_fraction(0.75, freeze_start=0.5, freeze_level=1.0)
+    0.5
+    >>> frozen_names(["a.weight", "a.bias", "b.weight", "c.weight"], fraction=1.0)
+    ['a.weight', 'a.bias', 'b.weight']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def freeze_fraction(elapsed: float, freeze_start: float = 0.5, freeze_level: float = 1.0) -> float:
+    """The fraction of layers frozen after `elapsed` (a fraction of the run) of training."""
+    if not 0.0 <= freeze_start < 1.0:
+        raise ValueError(f"freeze_start must be in [0, 1), got {freeze_start}")
+    if not 0.0 <= freeze_level <= 1.0:
+        raise ValueError(f"freeze_level must be in [0, 1], got {freeze_level}")
+    if elapsed <= freeze_start:
+        return 0.0
+    progress = min(1.0, (elapsed - freeze_start) / (1.0 - freeze_start))
+    return freeze_level * progress
+
+
+def layers_of(param_names: Iterable[str]) -> list[list[str]]:
+    """Parameter names grouped by owning module, in first-appearance order."""
+    layers: dict[str, list[str]] = {}
+    for name in param_names:
+        owner = name.rsplit(".", 1)[0] if "." in name else ""
+        layers.setdefault(owner, []).append(name)
+    return list(layers.values())
+
+
+def frozen_names(param_names: Iterable[str], fraction: float) -> list[str]:
+    """The parameters of the first `int(fraction * (layers - 1))` layers."""
+    layers = layers_of(param_names)
+    depth = int(fraction * len(layers[:-1]))
+    return [name for layer in layers[:depth] for name in layer]

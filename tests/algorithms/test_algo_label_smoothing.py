@@ -1,0 +1,40 @@
+"""label_smoothing transform: trains on Composer's smoothed targets; identity at 0; resumes exactly."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from data_algo_testing import (
+    assert_resumes_exactly,
+    assert_trains,
+    assert_zero_strength_is_identity,
+    digits_batches,
+    setup,
+)
+
+from functrain.algorithms.label_smoothing import label_smoothing
+from functrain.functional.label_smoothing import smooth_labels
+from functrain.tree import tree_clone
+
+
+def test_loss_is_cross_entropy_on_smoothed_targets():
+    step, state = setup([label_smoothing(0.2)])
+    x, y = digits_batches(1)[0]
+    out = step.call_model(tree_clone(state), x)
+    _, metrics = step(state, (x, y))
+    expected = F.cross_entropy(out, smooth_labels(out, y, 0.2))
+    assert torch.allclose(metrics["loss"], expected, atol=1e-6)
+    assert torch.equal(metrics["accuracy"], (out.argmax(1) == y).float().mean())
+
+
+def test_zero_smoothing_is_the_identity():
+    assert_zero_strength_is_identity(label_smoothing(0.0))
+
+
+def test_trains_and_resumes_exactly():
+    assert_trains(lambda: label_smoothing(0.1))
+    assert_resumes_exactly(lambda: label_smoothing(0.1))
+
+
+def test_bad_smoothing_is_rejected():
+    with pytest.raises(ValueError, match="smoothing"):
+        label_smoothing(-0.1)

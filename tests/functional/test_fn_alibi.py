@@ -1,0 +1,77 @@
+"""ALiBi: geometric slopes, causal linear biases, embedding removed, batch reshaped losslessly."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functrain.functional.alibi import alibi_slopes, apply_alibi, scale_sequence_length
+from functrain.models import GPT, GPTConfig, alibi_bias
+
+
+def test_slopes_match_the_paper():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0**-i for i in range(1, 9)]))
+    s6 = alibi_slopes(6)  # not a power of two: 4 geometric, then every other one of the 8-series
+    expected = [2 ** (-2 * (i + 1)) for i in range(4)] + [2 ** (-1 * (i + 1)) for i in range(8)][
+        0::2
+    ][:2]
+    torch.testing.assert_close(s6, torch.tensor(expected))
+    with pytest.raises(ValueError):
+        alibi_slopes(0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n_head=st.integers(1, 8), length=st.integers(1, 12))
+def test_bias_is_linear_in_distance_and_causal(n_head, length):
+    slopes = alibi_slopes(n_head)
+    bias = alibi_bias(slopes, length)
+    i, j = torch.tril_indices(length, length)
+    torch.testing.assert_close(bias[:, i, j], -slopes[:, None] * (i - j).float())
+    assert bool(
+        torch.isinf(bias[:, torch.triu(torch.ones(length, length, dtype=torch.bool), 1)]).all()
+    )
+
+
+def test_apply_alibi_removes_positions_and_keeps_causality():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=3, n_embd=12)).eval()
+    new = apply_alibi(model, max_sequence_length=32).eval()
+    assert model.wpe is not None and new.wpe is None
+    assert (
+        sum(p.numel() for p in new.parameters())
+        == sum(p.numel() for p in model.parameters()) - 8 * 12
+    )
+    assert new.blocks[0].attn.alibi_slopes.shape == (3,)
+    x = torch.randint(0, 11, (2, 24))
+    y = x.clone()
+    y[:, 12:] = (y[:, 12:] + 1) % 11  # change the future only
+    torch.testing.assert_close(new(x)[:, :12], new(y)[:, :12])
+    with pytest.raises(ValueError, match="longer"):
+        new(torch.zeros(1, 33, dtype=torch.long))
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 4), length_log2=st.integers(1, 5), scale_log2=st.integers(0, 3))
+def test_sequence_scaling_keeps_every_token_in_order(rows, length_log2, scale_log2):
+    length, scaling = 2**length_log2, 2.0**-scale_log2
+    if length * scaling < 1:
+        return
+    x = torch.arange(rows * length).reshape(rows, length)
+    batch = {"input_ids": x, "labels": x + 1}
+    out = scale_sequence_length(batch, scaling)
+    assert out["input_ids"].shape == (rows * round(1 / scaling), round(length * scaling))
+    assert torch.equal(out["input_ids"].flatten(), x.flatten())
+    assert torch.equal(out["labels"] - out["input_ids"], torch.ones_like(out["input_ids"]))
+    assert batch["input_ids"] is x  # input untouched
+
+
+def test_sequence_scaling_errors():
+    with pytest.raises(ValueError, match="divides"):
+        scale_sequence_length((torch.zeros(2, 6), torch.zeros(2, 6)), 0.25)
+    with pytest.raises(ValueError, match="same"):
+        scale_sequence_length((torch.zeros(2, 8), torch.zeros(2)), 0.5)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        scale_sequence_length(torch.zeros(2, 8), 2.0)
+    assert math.isclose(float(alibi_slopes(1)[0]), 2.0**-8)

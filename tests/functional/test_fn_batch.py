@@ -1,0 +1,60 @@
+"""Batch item access by key: get/set for tuples, lists, dicts, NamedTuples and accessor pairs."""
+
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from functrain.functional.batch import get_item, num_rows, set_item, take
+
+
+class Pair(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+@pytest.mark.parametrize(
+    "batch, key",
+    [
+        ((torch.zeros(2), torch.ones(2)), 1),
+        ([torch.zeros(2), torch.ones(2)], 0),
+        ({"image": torch.zeros(2), "label": torch.ones(2)}, "label"),
+        (Pair(torch.zeros(2), torch.ones(2)), 1),
+    ],
+)
+def test_set_item_replaces_one_item_and_keeps_the_input_and_container_type(batch, key):
+    before = get_item(batch, key).clone()
+    new = set_item(batch, key, torch.full((2,), 7.0))
+    assert type(new) is type(batch)
+    assert torch.equal(get_item(new, key), torch.full((2,), 7.0))
+    assert torch.equal(get_item(batch, key), before)  # the input batch is untouched
+
+
+def test_accessor_pair_handles_any_layout():
+    key = (lambda b: b["inner"]["x"], lambda b, v: {**b, "inner": {**b["inner"], "x": v}})
+    batch = {"inner": {"x": 1, "z": 2}}
+    assert get_item(batch, key) == 1
+    assert set_item(batch, key, 5) == {"inner": {"x": 5, "z": 2}}
+    assert batch["inner"]["x"] == 1
+
+
+def test_bad_keys_name_the_problem_and_the_fix():
+    with pytest.raises(KeyError, match="target_key"):
+        get_item({"a": 1}, "b")
+    with pytest.raises(TypeError, match="integers"):
+        get_item((1, 2), "label")
+    with pytest.raises(IndexError, match="out of range"):
+        set_item((1, 2), 5, 0)
+    with pytest.raises(TypeError, match="getter, setter"):
+        get_item(torch.zeros(3), 0)
+
+
+def test_take_indexes_every_batch_sized_leaf_and_carries_the_rest():
+    tree = {"a": torch.arange(4), "b": (torch.arange(8).view(4, 2), 0.5), "c": torch.arange(3)}
+    out = take(tree, torch.tensor([3, 1]))
+    assert torch.equal(out["a"], torch.tensor([3, 1]))
+    assert torch.equal(out["b"][0], torch.tensor([[6, 7], [2, 3]]))
+    assert out["b"][1] == 0.5 and torch.equal(out["c"], torch.arange(3))
+    assert num_rows(tree) == 4
+    with pytest.raises(ValueError, match="batch dimension"):
+        num_rows(torch.tensor(1.0))

@@ -1,0 +1,82 @@
+"""BlurPool: a normalized low-pass filter, weights kept, constant regions unchanged."""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from functrain.functional.blurpool import (
+    BlurConv2d,
+    BlurMaxPool2d,
+    apply_blurpool,
+    binomial_filter_2d,
+    blur_2d,
+)
+
+
+def test_filter_sums_to_one_and_is_symmetric():
+    f = binomial_filter_2d()
+    assert f.shape == (1, 1, 3, 3)
+    assert float(f.sum()) == 1.0
+    assert torch.equal(f, f.flip(-1)) and torch.equal(f, f.transpose(-1, -2))
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=st.integers(1, 4), value=st.floats(-5, 5), stride=st.integers(1, 2))
+def test_blur_keeps_constant_interiors(c, value, stride):
+    x = torch.full((2, c, 8, 8), value)
+    out = blur_2d(x, stride=stride)
+    assert out.shape[-1] == (8 - 1) // stride + 1
+    interior = out[..., 1:-1, 1:-1]  # zero padding only touches the border
+    torch.testing.assert_close(interior, torch.full_like(interior, value))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), blur_first=st.booleans(), bias=st.booleans())
+def test_blurconv_copies_weights_and_matches_on_constant_input(seed, blur_first, bias):
+    torch.manual_seed(seed)
+    conv = nn.Conv2d(16, 8, 3, stride=2, padding=1, bias=bias)
+    blur = BlurConv2d.from_conv2d(conv, blur_first=blur_first)
+    assert torch.equal(blur.conv.weight, conv.weight)
+    x = torch.full((1, 16, 12, 12), 0.7)
+    out, ref = blur(x), conv(x)
+    assert out.shape == ref.shape
+    # away from the borders a constant input gives the same output
+    torch.testing.assert_close(out[..., 2:-2, 2:-2], ref[..., 2:-2, 2:-2], rtol=1e-5, atol=1e-5)
+
+
+def test_blurmaxpool_shape_and_constants():
+    pool = BlurMaxPool2d.from_maxpool2d(nn.MaxPool2d(2))
+    x = torch.full((1, 3, 8, 8), 2.0)
+    out = pool(x)
+    assert out.shape == nn.MaxPool2d(2)(x).shape
+    torch.testing.assert_close(out[..., 1:-1, 1:-1], torch.full_like(out[..., 1:-1, 1:-1], 2.0))
+
+
+def test_apply_blurpool_replaces_the_right_modules_on_a_copy():
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2),  # stem: too few input channels
+        nn.Conv2d(16, 16, 3, stride=2),
+        nn.Conv2d(16, 16, 3, stride=1),
+        nn.MaxPool2d(2),
+    )
+    new = apply_blurpool(model)
+    assert [type(m).__name__ for m in new] == ["Conv2d", "BlurConv2d", "Conv2d", "BlurMaxPool2d"]
+    assert [type(m).__name__ for m in model] == ["Conv2d", "Conv2d", "Conv2d", "MaxPool2d"]
+    assert new(torch.randn(1, 3, 32, 32)).shape == model(torch.randn(1, 3, 32, 32)).shape
+    only_pools = apply_blurpool(model, replace_convs=False)
+    assert type(only_pools[1]) is nn.Conv2d and type(only_pools[3]) is BlurMaxPool2d
+
+
+def test_nothing_to_replace_warns_and_bad_filter_errors():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_blurpool(nn.Linear(2, 2))
+    assert any("changed nothing" in str(w.message) for w in caught)
+    with pytest.raises(ValueError, match="odd"):
+        blur_2d(torch.zeros(1, 1, 4, 4), filter=torch.ones(1, 1, 2, 2))
+    with pytest.raises(TypeError, match="nn.Module"):
+        apply_blurpool("model")

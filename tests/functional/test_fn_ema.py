@@ -1,0 +1,46 @@
+"""compute_ema: smoothing 0 is the model, 1 keeps the average, half-life halves old shares."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functrain.functional.ema import compute_ema, smoothing_from_half_life
+
+pairs = st.integers(0, 10_000).map(
+    lambda s: (
+        {"w": torch.randn(3, 2, generator=torch.Generator().manual_seed(s)), "n": torch.tensor(s)},
+        {
+            "w": torch.randn(3, 2, generator=torch.Generator().manual_seed(s + 1)),
+            "n": torch.tensor(0),
+        },
+    )
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pair=pairs, smoothing=st.floats(0.0, 1.0))
+def test_recurrence_and_endpoints(pair, smoothing):
+    model, average = pair
+    out = compute_ema(model, average, smoothing)
+    torch.testing.assert_close(out["w"], smoothing * average["w"] + (1 - smoothing) * model["w"])
+    assert torch.equal(out["n"], model["n"])  # integer tensors are copied
+    assert torch.equal(compute_ema(model, average, 0.0)["w"], model["w"])
+    assert torch.equal(compute_ema(model, average, 1.0)["w"], average["w"])
+    assert out["w"] is not average["w"] and out["w"] is not model["w"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(half_life=st.integers(1, 50), interval=st.integers(1, 5))
+def test_half_life_halves_an_old_share(half_life, interval):
+    smoothing = smoothing_from_half_life(half_life, interval)
+    updates = half_life / interval
+    assert smoothing**updates == pytest.approx(0.5)
+
+
+def test_errors():
+    assert smoothing_from_half_life(0) == 0.0
+    with pytest.raises(ValueError, match="smoothing"):
+        compute_ema({"w": torch.ones(1)}, {"w": torch.ones(1)}, 1.5)
+    with pytest.raises(KeyError, match="names"):
+        compute_ema({"w": torch.ones(1)}, {"v": torch.ones(1)}, 0.5)

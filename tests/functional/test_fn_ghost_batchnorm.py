@@ -1,0 +1,66 @@
+"""Ghost BatchNorm: BatchNorm in eval, and in training when one ghost batch covers the batch."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from functrain.functional.ghost_batchnorm import (
+    GhostBatchNorm1d,
+    GhostBatchNorm2d,
+    apply_ghost_batchnorm,
+)
+
+
+def _pair(seed, momentum=0.1):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(2, 4, 1), nn.BatchNorm2d(4, momentum=momentum))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].weight.uniform_(0.5, 1.5)
+    return model, apply_ghost_batchnorm(model, ghost_batch_size=4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(2, 12))
+def test_eval_mode_is_batchnorm_exactly(seed, batch):
+    model, ghost = _pair(seed)
+    model.eval()
+    ghost.eval()
+    x = torch.randn(batch, 2, 3, 3)
+    assert torch.equal(ghost(x), model(x))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), batch=st.integers(2, 4), momentum=st.sampled_from([0.1, None]))
+def test_one_ghost_batch_is_batchnorm_exactly_in_training(seed, batch, momentum):
+    model, ghost = _pair(seed, momentum)
+    x = torch.randn(batch, 2, 3, 3)
+    assert torch.equal(ghost(x), model(x))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(ghost[1], name), getattr(model[1], name))
+
+
+def test_each_ghost_batch_is_normalized_on_its_own():
+    bn = apply_ghost_batchnorm(nn.BatchNorm1d(3, affine=False), ghost_batch_size=4)
+    assert isinstance(bn, GhostBatchNorm1d)
+    x = torch.randn(12, 3) + torch.arange(12.0)[:, None]  # chunks with different means
+    out = bn(x)
+    for chunk in out.split(4):
+        torch.testing.assert_close(chunk.mean(0), torch.zeros(3), atol=1e-5, rtol=0)
+    assert int(bn.num_batches_tracked) == 3
+    # the running mean moved by momentum/3 per chunk (three chunks, so ~ one momentum overall)
+    expected = torch.zeros(3)
+    for chunk in x.split(4):
+        expected = expected + 0.1 / 3 * (chunk.mean(0) - expected)
+    torch.testing.assert_close(bn.running_mean, expected)
+
+
+def test_names_kept_and_bad_size():
+    model = nn.Sequential(nn.BatchNorm2d(4))
+    new = apply_ghost_batchnorm(model, 8)
+    assert isinstance(new[0], GhostBatchNorm2d) and isinstance(new[0], nn.BatchNorm2d)
+    assert list(new.state_dict()) == list(model.state_dict())
+    with pytest.raises(ValueError, match="ghost_batch_size"):
+        apply_ghost_batchnorm(model, 0)

@@ -1,0 +1,61 @@
+"""Gradient clipping cores: bounds hold, small gradients pass unchanged, inputs untouched."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functrain.functional.gradient_clipping import (
+    adaptive_clip_grad,
+    clip_grad_norm,
+    clip_grad_value,
+    global_grad_norm,
+    unitwise_norm,
+)
+
+tensors = st.integers(0, 10_000).map(
+    lambda s: {
+        "w": torch.randn(3, 4, generator=torch.Generator().manual_seed(s)) * (s % 7 + 0.1),
+        "b": torch.randn(3, generator=torch.Generator().manual_seed(s + 1)),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(grads=tensors, max_norm=st.floats(1e-3, 20.0))
+def test_norm_clipping_bounds_and_preserves_direction(grads, max_norm):
+    before = {k: v.clone() for k, v in grads.items()}
+    out = clip_grad_norm(grads, max_norm)
+    norm = float(global_grad_norm(grads))
+    assert float(global_grad_norm(out)) <= max_norm * (1 + 1e-5)
+    if norm <= max_norm:
+        assert all(torch.equal(out[k], grads[k]) for k in grads)
+    ratio = out["w"] / grads["w"]
+    torch.testing.assert_close(ratio, torch.full_like(ratio, float(ratio.flatten()[0])))
+    assert all(torch.equal(before[k], grads[k]) for k in grads)
+
+
+@settings(max_examples=40, deadline=None)
+@given(grads=tensors, limit=st.floats(0.0, 3.0))
+def test_value_clipping_bounds_entries(grads, limit):
+    out = clip_grad_value(grads, limit)
+    bound = float(torch.tensor(limit, dtype=torch.float32))
+    assert all(float(v.abs().max()) <= bound for v in out.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(grads=tensors, params=tensors, threshold=st.floats(1e-3, 1.0))
+def test_adaptive_clipping_bounds_unit_ratios(grads, params, threshold):
+    out = adaptive_clip_grad(grads, params, threshold)
+    for k in grads:
+        limit = threshold * unitwise_norm(params[k]).clamp(min=1e-3)
+        assert bool((unitwise_norm(out[k]) <= limit * (1 + 1e-5)).all())
+
+
+def test_errors():
+    with pytest.raises(ValueError):
+        clip_grad_norm({"w": torch.ones(2)}, 0.0)
+    with pytest.raises(ValueError, match="clip_value"):
+        clip_grad_value({"w": torch.ones(2)}, -1.0)
+    with pytest.raises(KeyError, match="missing"):
+        adaptive_clip_grad({"w": torch.ones(2)}, {}, 0.1)

@@ -1,0 +1,45 @@
+"""GyroDropout: identity in eval, one fixed mask per batch group, masks a function of buffers."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from functrain.functional.gyro_dropout import GyroDropout, apply_gyro_dropout, gyro_masks
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    p=st.floats(0.1, 0.9),
+    tau=st.integers(1, 4),
+    per_group=st.integers(1, 3),
+    seed=st.integers(0, 99),
+)
+def test_groups_share_masks_and_values_are_rescaled(p, tau, per_group, seed):
+    layer = GyroDropout(p=p, sigma=8, tau=tau)
+    layer.mask_seed.fill_(seed)
+    x = torch.rand(tau * per_group, 10) + 0.5
+    out = layer(x)
+    kept = out != 0
+    torch.testing.assert_close(out[kept], (x / (1 - p))[kept])
+    groups = kept.reshape(tau, per_group, 10)
+    assert bool((groups == groups[:, :1]).all())  # one mask per group
+    pool = gyro_masks(seed, 8, 10, p).bool()
+    assert torch.equal(groups[:, 0], pool[layer.mask_index])
+    assert torch.equal(layer(x), out)  # deterministic given its buffers
+    layer.eval()
+    assert torch.equal(layer(x), x)
+
+
+def test_surgery_and_errors():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.2))
+    new = apply_gyro_dropout(model, p=0.2, sigma=4, tau=2)
+    assert isinstance(new[1], GyroDropout) and type(model[1]) is nn.Dropout
+    assert sorted(dict(new.named_buffers())) == ["1.mask_index", "1.mask_seed"]
+    with pytest.raises(ValueError, match="multiple"):
+        new[1](torch.ones(3, 4))
+    with pytest.raises(ValueError, match="no nn.Dropout"):
+        apply_gyro_dropout(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="tau"):
+        GyroDropout(sigma=2, tau=4)

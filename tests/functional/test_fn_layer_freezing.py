@@ -1,0 +1,43 @@
+"""Layer-freezing schedule: zero before freeze_start, linear to freeze_level, last layer free."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functrain.functional.layer_freezing import freeze_fraction, frozen_names, layers_of
+
+NAMES = ["stem.weight", "stem.bias", "a.0.weight", "a.1.weight", "a.1.bias", "head.weight"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    start=st.floats(0.0, 0.95),
+    level=st.floats(0.0, 1.0),
+    t=st.floats(0.0, 1.0),
+    dt=st.floats(0.0, 0.5),
+)
+def test_schedule_is_monotone_and_bounded(start, level, t, dt):
+    a = freeze_fraction(t, start, level)
+    b = freeze_fraction(min(1.0, t + dt), start, level)
+    assert 0.0 <= a <= b <= level + 1e-12
+    if t <= start:
+        assert a == 0.0
+    assert freeze_fraction(1.0, start, level) == pytest.approx(level)
+
+
+@settings(max_examples=30, deadline=None)
+@given(fraction=st.floats(0.0, 1.0))
+def test_frozen_layers_are_a_prefix_that_excludes_the_last(fraction):
+    frozen = frozen_names(NAMES, fraction)
+    assert frozen == NAMES[: len(frozen)]
+    assert "head.weight" not in frozen
+    layers = layers_of(NAMES)
+    assert [len(layer) for layer in layers] == [2, 1, 2, 1]
+    assert len([layer for layer in layers if layer[0] in frozen]) == int(fraction * 3)
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError, match="freeze_start"):
+        freeze_fraction(0.5, freeze_start=1.0)
+    with pytest.raises(ValueError, match="freeze_level"):
+        freeze_fraction(0.5, freeze_level=-0.1)

@@ -1,0 +1,65 @@
+"""Sequence-length warm-up: the length schedule, truncation, reshaping, end-of-sequence, purity."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from functrain.functional.seq_length_warmup import set_batch_sequence_length, warmup_sequence_length
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    max_batches=st.integers(1, 500),
+    duration=st.floats(0.0, 1.0),
+    lo=st.integers(1, 64),
+    extra=st.integers(0, 256),
+    step=st.integers(1, 16),
+    b1=st.integers(0, 600),
+    b2=st.integers(0, 600),
+)
+def test_length_grows_monotonically_within_bounds_and_ends_at_max(
+    max_batches, duration, lo, extra, step, b1, b2
+):
+    hi = lo + extra
+    first, second = sorted((b1, b2))
+    l1 = warmup_sequence_length(first, max_batches, duration, lo, hi, step)
+    l2 = warmup_sequence_length(second, max_batches, duration, lo, hi, step)
+    assert lo <= l1 <= l2 <= hi
+    assert (l1 - lo) % step == 0 or l1 == hi
+    assert warmup_sequence_length(0, max_batches, duration, lo, hi, step) in (lo, hi)
+    if int(max_batches * duration) == 0:
+        assert l1 == hi  # no warm-up at all
+
+
+def test_truncation_keeps_prefixes_and_leaves_the_input_alone():
+    batch = {"input_ids": torch.arange(12).view(2, 6), "attention_mask": torch.ones(2, 6)}
+    out = set_batch_sequence_length(batch, 4)
+    assert torch.equal(out["input_ids"], torch.tensor([[0, 1, 2, 3], [6, 7, 8, 9]]))
+    assert batch["input_ids"].shape == (2, 6)  # pure
+    assert set_batch_sequence_length(batch, 6) is batch  # already short enough
+    pair = (torch.arange(12).view(2, 6), torch.arange(12).view(2, 6) + 100)
+    x, y = set_batch_sequence_length(pair, 3)
+    assert torch.equal(y, x + 100) and x.shape == (2, 3)
+
+
+def test_reshaping_keeps_every_whole_row_of_tokens():
+    batch = {"input_ids": torch.arange(14).view(2, 7), "labels": torch.arange(14).view(2, 7)}
+    out = set_batch_sequence_length(batch, 4, truncate=False)
+    assert torch.equal(out["input_ids"], torch.arange(12).view(3, 4))
+    assert torch.equal(out["labels"], out["input_ids"])
+    with pytest.raises(ValueError, match="input_ids"):
+        set_batch_sequence_length({"x": torch.zeros(2, 7)}, 4, truncate=False)
+
+
+def test_end_of_sequence_is_preserved():
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15], [20, 21, 22, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    out = set_batch_sequence_length(
+        {"input_ids": ids, "attention_mask": mask}, 3, preserve_end_of_sequence=True
+    )
+    assert torch.equal(out["input_ids"], torch.tensor([[10, 11, 15], [20, 21, 22]]))
+    with pytest.raises(ValueError, match="attention_mask"):
+        set_batch_sequence_length({"input_ids": ids}, 3, preserve_end_of_sequence=True)
+    with pytest.raises(ValueError, match="sequence-shaped"):
+        set_batch_sequence_length({"input_ids": ids, "id": torch.arange(2)}, 3)
