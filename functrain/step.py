@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -50,64 +50,9 @@ from . import precision as precision_lib
 from .batching import num_samples, split_batch
 from .dist import compute as dist_compute
 from .optim import apply_updates, current_lr, global_norm
+from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState, trainable_names
-
-Batch = Any
-
-
-class GradResult(NamedTuple):
-    """What the `grads` piece returns."""
-
-    grads: dict[str, torch.Tensor]  # over trainable params, averaged over the batch
-    loss: torch.Tensor  # 0-d, mean over the batch (unscaled)
-    aux: dict[str, Any]  # from loss_fn
-    buffers: dict[str, torch.Tensor]  # buffers after the forward pass(es)
-
-
-class StepPieces(NamedTuple):
-    """The named pieces a step is made of (see the module docstring for the order)."""
-
-    prepare: Callable[[TrainState, Batch], Batch]
-    loss: Callable[[Callable, Batch], tuple[torch.Tensor, dict]]
-    grads: Callable[[StepPieces, TrainState, Batch], GradResult]
-    transform_grads: Callable[[dict, TrainState], dict]
-    update: Callable[[dict, TrainState], TrainState]
-    after_update: Callable[[TrainState], TrainState]
-    call_model: Callable[..., Any]
-
-
-class Algorithm(NamedTuple):
-    """A speedup method as a transform of the step's pieces.
-
-    Attributes:
-        name: its key in `state.algo_state`.
-        apply: `StepPieces -> StepPieces`.
-        init: `TrainState -> pytree`, the initial `state.algo_state[name]` (None: no state).
-        resumable: False when a resumed run cannot match the uninterrupted one exactly.
-        surgery: `Module -> Module` on a copy, applied once before `init` by
-            `functrain.algorithms.apply_surgery` (None: no model surgery).
-    """
-
-    name: str
-    apply: Callable[[StepPieces], StepPieces]
-    init: Callable[[TrainState], Any] | None = None
-    resumable: bool = True
-    surgery: Callable[[torch.nn.Module], torch.nn.Module] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-    """The options of `make_step` (see its docstring)."""
-
-    precision: str = "fp32"
-    microbatch_size: int | str | None = None
-    weight_by: str = "samples"
-    count_tokens: Callable[[Batch], int] | None = None
-    skip_nonfinite: bool = False
-    donate: bool = False
-    grad_mode: str = "autograd"
-    report_grad_norms: bool = False
 
 
 class _LossModule(torch.nn.Module):
@@ -130,26 +75,6 @@ class _CallModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
-
-
-def normalize_loss(out: Any) -> tuple[torch.Tensor, dict]:
-    """`loss` or `(loss, aux)` from a loss function as `(loss, aux_dict)`."""
-    if isinstance(out, torch.Tensor):
-        loss, aux = out, {}
-    elif isinstance(out, (tuple, list)) and len(out) == 2:
-        loss, aux = out
-        aux = dict(aux) if isinstance(aux, dict) else {"aux": aux}
-    else:
-        raise TypeError(
-            "loss_fn(model, batch) must return a scalar tensor or (loss, aux_dict); "
-            f"got {type(out).__name__}"
-        )
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError(
-            "loss_fn must return a scalar loss tensor (reduce it, e.g. with .mean()); got "
-            f"{'shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else type(loss)}"
-        )
-    return loss.reshape(()), aux
 
 
 def _prefixed(prefix: str, tree: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
