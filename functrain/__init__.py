@@ -12,6 +12,7 @@ Example:
 from . import (
     algorithms,
     callbacks,
+    checkpoint,
     functional,
     loggers,
     models,
@@ -23,6 +24,7 @@ from . import (
 )
 from .algorithms import apply_surgery
 from .compile import CompiledStep, compile_step
+from .export import export
 from .rng import RngState, key_for
 from .state import TrainState, init
 from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
@@ -44,8 +46,10 @@ __all__ = [
     "algorithms",
     "apply_surgery",
     "callbacks",
+    "checkpoint",
     "compile_step",
     "compose",
+    "export",
     "functional",
     "init",
     "key_for",

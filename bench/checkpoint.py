@@ -1,0 +1,336 @@
+"""Checkpoint I/O: functrain vs torch.save/torch.load vs torch.distributed.checkpoint, on one state.
+
+One TrainState (an MLP with AdamW moments, ~100 MB by default) is saved and loaded by every
+variant in turn, interleaved and repeated (the order rotates each repetition so a shared disk's
+drifts hit all variants alike); the table shows median seconds and MB/s, against the disk's raw
+sequential write speed (one file, write + fsync) and read speed. Then the asynchronous save: the
+time `Manager.save` blocks the step, next to the device-to-host copy it must at least make.
+
+Notes on fairness: functrain and raw writes fsync (tensorstore's file driver syncs each chunk);
+torch.save does not, so it is also shown with an fsync. Loads read files just written (page cache
+warm for every variant alike). Deleting checkpoints between repetitions is not timed.
+
+Run:
+    python bench/checkpoint.py [--mb 100] [--reps 5] [--dir /tmp]
+    python -m bench checkpoint [...]
+Writes bench/results/checkpoint.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as `python bench/checkpoint.py`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import functrain  # noqa: E402
+from bench.common import RESULTS_DIR, environment, markdown_table, timestamp, write_json  # noqa: E402
+from functrain import checkpoint  # noqa: E402
+from functrain.tree import leaves_with_paths, tree_map  # noqa: E402
+
+
+def build_state(megabytes: float, seed: int = 0, device: str = "cpu") -> functrain.TrainState:
+    """An MLP's TrainState (params + AdamW mu/nu, random values) of about `megabytes` MB."""
+    width = 1024
+    layer_bytes = (width * width + width) * 4 * 3  # weights + bias, and two AdamW moments
+    layers = max(1, round(megabytes * 2**20 / layer_bytes))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    state = functrain.init(model, functrain.optim.adamw(lr=1e-3), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+
+    def fill(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return torch.randn(x.shape, generator=gen).to(device)
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    return state.replace(
+        params=tree_map(fill, state.params),
+        buffers=tree_map(fill, state.buffers),
+        opt_state=tree_map(fill, state.opt_state),
+    )
+
+
+def tensor_bytes(state) -> int:
+    return sum(
+        v.numel() * v.element_size()
+        for _, v in leaves_with_paths(state)
+        if isinstance(v, torch.Tensor)
+    )
+
+
+def flat_dict(state) -> dict:
+    """The state as `{dotted key: leaf}`: what torch.save and DCP are given."""
+    return dict(leaves_with_paths(state))
+
+
+def _fsync_tree(path: str) -> None:
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb+") as f:
+                os.fsync(f.fileno())
+
+
+class Variants:
+    """Each variant is `save(path)` / `load(path)`; paths are fresh for every repetition."""
+
+    def __init__(self, state):
+        self.state = state
+        self.flat = flat_dict(state)
+        self.blob = b"".join(  # the same bytes, for the raw disk speed
+            v.cpu().numpy().tobytes() for v in self.flat.values() if isinstance(v, torch.Tensor)
+        )
+
+    def raw_save(self, path):
+        with open(path, "wb") as f:
+            f.write(self.blob)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def raw_load(self, path):
+        with open(path, "rb") as f:
+            f.read()
+
+    def functrain_save(self, path):
+        checkpoint.save(path, self.state)
+
+    def functrain_save_nosync(self, path):
+        checkpoint.save(path, self.state, storage_options={"fsync": False})
+
+    def functrain_load(self, path):
+        checkpoint.load(path, like=self.state)
+
+    def torch_save(self, path):
+        torch.save(self.flat, path)
+
+    def torch_save_fsync(self, path):
+        torch.save(self.flat, path)
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+
+    def torch_load(self, path):
+        torch.load(path, weights_only=True)
+
+    def dcp_save(self, path):
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self.flat, checkpoint_id=path, no_dist=True)
+
+    def dcp_save_fsync(self, path):
+        self.dcp_save(path)
+        _fsync_tree(path)
+
+    def dcp_load(self, path):
+        import torch.distributed.checkpoint as dcp
+
+        target = {
+            k: (torch.empty_like(v) if isinstance(v, torch.Tensor) else v)
+            for k, v in self.flat.items()
+        }
+        dcp.load(target, checkpoint_id=path, no_dist=True)
+
+
+SAVES = [
+    "raw_save",
+    "functrain_save",
+    "functrain_save_nosync",
+    "torch_save",
+    "torch_save_fsync",
+    "dcp_save",
+    "dcp_save_fsync",
+]
+LOADS = {
+    "raw_save": "raw_load",
+    "functrain_save": "functrain_load",
+    "torch_save": "torch_load",
+    "dcp_save": "dcp_load",
+}
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def _timed(fn: Callable[[str], None], path: str) -> float:
+    start = time.perf_counter()
+    fn(path)
+    return time.perf_counter() - start
+
+
+def measure_io(variants: Variants, workdir: str, reps: int) -> dict[str, list[float]]:
+    """Seconds per repetition of every save and load variant, interleaved with rotating order."""
+    times: dict[str, list[float]] = {name: [] for name in [*SAVES, *LOADS.values()]}
+    for rep in range(reps):
+        order = SAVES[rep % len(SAVES) :] + SAVES[: rep % len(SAVES)]
+        for name in order:
+            path = os.path.join(workdir, f"{name}-{rep}")
+            times[name].append(_timed(getattr(variants, name), path))
+            if name in LOADS:
+                times[LOADS[name]].append(_timed(getattr(variants, LOADS[name]), path))
+            _remove(path)
+    return times
+
+
+def measure_async(state, workdir: str, reps: int) -> dict[str, list[float]]:
+    """Blocked time of an asynchronous save vs the plain device-to-host copy, per repetition.
+
+    The reference is `tensor.to("cpu", copy=True)`, as a hand-written async save would take it
+    (on a CPU-only machine, a clone); the floor copies into buffers allocated beforehand (pinned
+    on a GPU machine; a single-threaded memcpy on CPU).
+    """
+    out: dict[str, list[float]] = {
+        "copy_fresh": [],
+        "copy_into_buffers": [],
+        "async_blocked": [],
+        "async_total": [],
+    }
+    tensors = [v for _, v in leaves_with_paths(state) if isinstance(v, torch.Tensor)]
+    pin = torch.cuda.is_available() and tensors[0].device.type == "cuda"
+    buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in tensors]
+
+    # keep_last=None: retention's deletions (rmtree) would otherwise count as save time.
+    manager = checkpoint.Manager(
+        os.path.join(workdir, "async"), every=None, keep_last=None, async_save=True
+    )
+    try:
+        for rep in range(reps + 1):  # the first save allocates the manager's host buffers
+            start = time.perf_counter()
+            [t.to("cpu", copy=True) for t in tensors]
+            fresh = time.perf_counter() - start
+            start = time.perf_counter()
+            for buf, t in zip(buffers, tensors):
+                if t.device.type == "cpu":
+                    np.copyto(buf.numpy(), t.numpy())
+                else:
+                    buf.copy_(t, non_blocking=True)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            into = time.perf_counter() - start
+            start = time.perf_counter()
+            manager.save(state.replace(step=rep + 1))
+            blocked = time.perf_counter() - start
+            manager.wait()
+            total = time.perf_counter() - start
+            if rep:
+                for key, value in zip(out, (fresh, into, blocked, total)):
+                    out[key].append(value)
+    finally:
+        manager.close()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench checkpoint", description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=float, default=100.0, help="state size in MB (default 100)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (default 5)")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--device", default="cpu", help="where the state lives (cpu, cuda)")
+    parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "checkpoint.json"))
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+
+    state = build_state(args.mb, device=args.device)
+    nbytes = tensor_bytes(state)
+    mb = nbytes / 2**20
+    workdir = tempfile.mkdtemp(prefix="functrain-bench-ckpt-", dir=args.dir)
+    try:
+        variants = Variants(state)
+        print(
+            f"state: {mb:.1f} MB in {len(variants.flat)} leaves; {args.reps} reps in {workdir}",
+            flush=True,
+        )
+        io_times = measure_io(variants, workdir, args.reps)
+        async_times = measure_async(state, workdir, args.reps)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    median = {k: statistics.median(v) for k, v in {**io_times, **async_times}.items()}
+    raw_write = mb / median["raw_save"]
+    rows, results = [], {}
+    labels = {
+        "raw_save": "disk: raw write + fsync",
+        "raw_load": "disk: raw read",
+        "functrain_save": "functrain save (fsync, default)",
+        "functrain_save_nosync": "functrain save (fsync=False)",
+        "functrain_load": "functrain load",
+        "torch_save": "torch.save",
+        "torch_save_fsync": "torch.save + fsync",
+        "torch_load": "torch.load",
+        "dcp_save": "torch.distributed.checkpoint save",
+        "dcp_save_fsync": "torch.distributed.checkpoint save + fsync",
+        "dcp_load": "torch.distributed.checkpoint load",
+    }
+    for key, label in labels.items():
+        seconds = median[key]
+        rate = mb / seconds
+        ratio = seconds / median["torch_save" if "save" in key else "torch_load"]
+        rows.append([label, seconds, rate, ratio, rate / raw_write if "save" in key else None])
+        results[key] = {
+            "label": label,
+            "median_s": seconds,
+            "mb_per_s": rate,
+            "vs_torch": ratio,
+            "times_s": io_times[key],
+        }
+    print()
+    print(markdown_table(["variant", "median s", "MB/s", "time vs torch", "of raw write"], rows))
+    copy = median["copy_fresh"]
+    async_rows = [
+        ["device-to-host copy: tensor.to(cpu, copy=True)", copy, 1.0],
+        [
+            "floor: copy into preallocated (pinned) buffers",
+            median["copy_into_buffers"],
+            median["copy_into_buffers"] / copy,
+        ],
+        [
+            "Manager.save, async: step blocked",
+            median["async_blocked"],
+            median["async_blocked"] / copy,
+        ],
+        [
+            "Manager.save, async: until committed",
+            median["async_total"],
+            median["async_total"] / copy,
+        ],
+    ]
+    print()
+    print(markdown_table(["async save", "median s", "vs copy"], async_rows))
+    goals = {
+        "save_fsync_false_at_least_as_fast_as_torch_save": median["functrain_save_nosync"]
+        <= median["torch_save"],
+        "save_fsync_at_least_as_fast_as_torch_save_fsync": median["functrain_save"]
+        <= median["torch_save_fsync"],
+        "blocked_within_device_to_host_copy": median["async_blocked"] <= copy,
+    }
+    print()
+    for goal, met in goals.items():
+        print(f"{goal}: {'yes' if met else 'NO'}")
+    payload = {
+        "suite": "checkpoint",
+        "time": timestamp(),
+        "environment": environment(),
+        "state_mb": mb,
+        "leaves": len(variants.flat),
+        "reps": args.reps,
+        "io": results,
+        "async": {k: {"median_s": median[k], "times_s": v} for k, v in async_times.items()},
+        "goals": goals,
+    }
+    print(f"\nwrote {write_json(args.out, payload)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,514 @@
+"""Saving: stage a state's leaves on the host, write each rank's shards, commit.
+
+Saving is two steps so that the manager can save asynchronously:
+
+1. `stage(state)` flattens the state, describes every leaf, and takes this rank's data off the
+   device (for an asynchronous save, into host buffers reused from one save to the next). Only this
+   step has to block training.
+2. `write(staged, location)` writes the arrays -- each rank only its own shards, replicas once --
+   then rank 0 writes the tree description and, last, the commit marker. On a local file system
+   the checkpoint is written into `<name>.tmp/` and renamed into place once committed, so a
+   directory without `.tmp` is always complete; on object stores the marker decides.
+
+Ranks agree after each phase (an all-reduce of "did it work"), so one rank failing makes every
+rank raise instead of waiting forever at a barrier.
+
+Example:
+    >>> staged = stage(state)
+    >>> write(staged, resolve("/tmp/run/step_000000100"))
+    '/tmp/run/step_000000100'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import optree
+import tensorstore as ts
+import torch
+
+from ..tree import NAMESPACE, key_to_str
+from . import layout, storage
+from .dtypes import to_numpy, zarr_name
+from .errors import CheckpointError
+from .sharding import chunk_shape, local_region, shard_boxes
+
+_ZARR_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+
+
+@dataclasses.dataclass
+class StagedLeaf:
+    """A leaf described for tree.json, with the data this rank writes (None: nothing)."""
+
+    record: layout.LeafRecord
+    region: tuple[slice, ...] | None = None
+    data: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class Staged:
+    """A state taken off the device, ready for `write`."""
+
+    leaves: list[StagedLeaf]
+    treedef: str
+    step: int | None
+    timestamp: dict | None
+    rank: int
+    world_size: int
+    nbytes: int  # bytes of tensor data this rank writes
+    empty_nodes: list = dataclasses.field(default_factory=list)  # for orbax: (path, types, kind)
+
+
+def dist_info(group=None) -> tuple[int, int]:
+    """`(rank, world_size)` in `group` (`(0, 1)` without torch.distributed)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    return 0, 1
+
+
+def leaf_paths(tree: Any) -> tuple[list, list[tuple[str, ...]], list[tuple[int, ...]], Any]:
+    """`(leaves, paths, key_types, treedef)` of a pytree, paths as tuples of strings."""
+    accessors, leaves, treedef = optree.tree_flatten_with_accessor(tree, namespace=NAMESPACE)
+    paths, key_types = [], []
+    for accessor in accessors:
+        paths.append(tuple(key_to_str(e) for e in accessor))
+        key_types.append(tuple(_key_type(e) for e in accessor))
+    return leaves, paths, key_types, treedef
+
+
+def empty_nodes(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], str]]:
+    """The empty containers of a pytree (`{}`, `()`, `None`, an empty NamedTuple) by path.
+
+    They hold no leaf, but orbax lists them in `_METADATA`: without them, a sequence whose
+    middle entry is empty (an optimizer chain with a stateless transform) has a hole orbax
+    cannot rebuild.
+    """
+
+    def is_empty(node) -> bool:
+        spec = optree.tree_structure(node, namespace=NAMESPACE)
+        return not spec.is_leaf() and spec.num_children == 0
+
+    accessors, nodes, _ = optree.tree_flatten_with_accessor(
+        tree, is_leaf=is_empty, namespace=NAMESPACE
+    )
+    out = []
+    for accessor, node in zip(accessors, nodes):
+        if accessor and is_empty(node):
+            kind = "None" if node is None else "List" if isinstance(node, list) else "Dict"
+            kind = "Tuple" if isinstance(node, tuple) else kind
+            path = tuple(key_to_str(e) for e in accessor)
+            out.append((path, tuple(_key_type(e) for e in accessor), kind))
+    return out
+
+
+def _key_type(entry) -> int:
+    named = (optree.NamedTupleEntry, optree.StructSequenceEntry)
+    if isinstance(entry, optree.SequenceEntry) and not isinstance(entry, named):
+        return layout.KEY_SEQUENCE
+    return layout.KEY_MAPPING
+
+
+def stage(
+    state: Any,
+    *,
+    copy: bool = False,
+    buffers: dict[str, torch.Tensor] | None = None,
+    group=None,
+) -> Staged:
+    """Describe every leaf of `state` and take this rank's data to the host.
+
+    Args:
+        state: any functrain pytree (a `TrainState`, nested dicts/NamedTuples) of tensors,
+            DTensors and plain scalars (int, float, bool, str).
+        copy: copy the data even when it is already in host memory (needed when the state may
+            change before `write` runs, as with an asynchronous save).
+        buffers: host buffers from an earlier `stage`, reused when shapes match (filled in).
+        group: the process group of the ranks that save together (None: the default group).
+    Returns:
+        the `Staged` state.
+    """
+    rank, world = dist_info(group)
+    leaves, paths, key_types, treedef = leaf_paths(state)
+    if treedef.num_nodes == 1 and leaves:
+        raise CheckpointError(
+            "save expects a pytree such as a TrainState or a dict; wrap a lone tensor as "
+            "{'name': tensor}"
+        )
+    staged, seen, nbytes = [], set(), 0
+    device_copies = []
+    for leaf, path, types in zip(leaves, paths, key_types):
+        record = layout.LeafRecord(path=path, key_types=types, kind="")
+        layout.check_key(record.key, "saving")
+        if record.key in seen:
+            raise CheckpointError(
+                f"two leaves share the dotted path {record.key!r}; rename a dict key so that "
+                "the joined paths differ"
+            )
+        seen.add(record.key)
+        if isinstance(leaf, torch.Tensor):
+            item = _stage_tensor(leaf, record, rank, copy, buffers, device_copies)
+            nbytes += 0 if item.data is None else item.data.nbytes
+        else:
+            item = StagedLeaf(_scalar_record(leaf, record))
+        staged.append(item)
+    if device_copies and torch.cuda.is_available():
+        torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
+    timestamp = getattr(state, "timestamp", None)
+    if dataclasses.is_dataclass(timestamp):
+        timestamp = dataclasses.asdict(timestamp)
+    step = getattr(state, "step", None)
+    return Staged(
+        leaves=staged,
+        treedef=str(treedef),
+        step=int(step) if isinstance(step, int) else None,
+        timestamp=timestamp if isinstance(timestamp, dict) else None,
+        rank=rank,
+        world_size=world,
+        nbytes=nbytes,
+        empty_nodes=empty_nodes(state) if rank == 0 else [],
+    )
+
+
+def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:
+    if isinstance(value, (bool, np.bool_)):
+        record.kind, record.value = "bool", bool(value)
+    elif isinstance(value, (int, np.integer)):
+        record.kind, record.value = "int", int(value)
+    elif isinstance(value, (float, np.floating)):
+        record.kind, record.value = "float", float(value)
+    elif isinstance(value, str):
+        record.kind, record.value = "str", value
+    else:
+        raise CheckpointError(
+            f"leaf {record.key!r} is a {type(value).__name__}; checkpoints store tensors, "
+            "DTensors, int, float, bool and str leaves -- convert it to one of those (a "
+            "tensor or a plain number) or keep it out of the state"
+        )
+    return record
+
+
+def _stage_tensor(tensor, record, rank, copy, buffers, device_copies) -> StagedLeaf:
+    from .sharding import is_dtensor
+
+    where = f"leaf {record.key!r}"
+    if tensor.device.type == "meta":
+        raise CheckpointError(f"{where} is a meta tensor (no data); materialize it before saving")
+    record.kind, record.dtype = "tensor", zarr_name(tensor.dtype, where)
+    record.shape = tuple(tensor.shape)
+    itemsize = tensor.element_size()
+    if is_dtensor(tensor):
+        tensor = _without_partial(tensor)
+        offset, shape, writes = local_region(tensor, where)
+        mesh = tensor.device_mesh
+        texts = tuple(_placement_text(p) for p in tensor.placements)
+        boxes = shard_boxes(record.shape, tuple(mesh.shape), texts)
+        offsets = [o for _, o, s in boxes if math.prod(s)]
+        record.chunks = chunk_shape(record.shape, offsets, itemsize)
+        record.layout = {
+            "mesh_shape": list(mesh.shape),
+            "mesh_dim_names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+            "placements": list(texts),
+        }
+        local = tensor.to_local() if writes else None
+    else:
+        offset, shape, writes = (0,) * tensor.dim(), record.shape, rank == 0
+        record.chunks = chunk_shape(record.shape, [offset], itemsize)
+        local = tensor if writes else None
+    if local is None:
+        return StagedLeaf(record)
+    host = _to_host(local.detach(), record.key, copy, buffers, device_copies)
+    region = tuple(slice(o, o + s) for o, s in zip(offset, shape))
+    return StagedLeaf(record, region, to_numpy(host))
+
+
+def _placement_text(placement) -> str:
+    from .sharding import placement_str
+
+    return placement_str(placement)
+
+
+def _without_partial(dtensor):
+    """Reduce Partial placements (pending sums) to Replicate so the saved value is final."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    if any(isinstance(p, Partial) for p in dtensor.placements):
+        placements = [Replicate() if isinstance(p, Partial) else p for p in dtensor.placements]
+        dtensor = dtensor.redistribute(placements=placements)
+    return dtensor
+
+
+def _to_host(tensor, key, copy, buffers, device_copies) -> torch.Tensor:
+    on_host = tensor.device.type == "cpu"
+    if on_host and not copy:
+        return tensor
+    buffer = None if buffers is None else buffers.get(key)
+    if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+        pin = not on_host and torch.cuda.is_available()
+        buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+        if buffers is not None:
+            buffers[key] = buffer
+    if on_host:
+        # A single-threaded memcpy: torch's multi-threaded copy_ stalls badly when the training
+        # threads already occupy the cores, and this copy is what blocks the step.
+        np.copyto(to_numpy(buffer), to_numpy(tensor))
+    else:
+        buffer.copy_(tensor, non_blocking=True)
+        device_copies.append(key)
+    return buffer
+
+
+def array_spec(loc: storage.Location, record: layout.LeafRecord) -> dict:
+    """The tensorstore spec of a leaf's zarr3 array inside checkpoint directory `loc`."""
+    return {
+        "driver": "zarr3",
+        "kvstore": loc.child(record.key).kvstore,
+        "metadata": {
+            "shape": list(record.shape),
+            "data_type": record.dtype,
+            "chunk_grid": {
+                "name": "regular",
+                "configuration": {"chunk_shape": list(record.chunks)},
+            },
+            "chunk_key_encoding": {"name": "default"},
+            "codecs": _ZARR_CODECS,
+        },
+        # Write chunks even when they equal the fill value, so that a missing chunk file always
+        # means damage (loads use fill_missing_data_reads=False and fail on it).
+        "store_data_equal_to_fill_value": True,
+    }
+
+
+def _scalar_array(value: Any) -> np.ndarray | None:
+    """The 0-d array orbax reads a scalar from (None for ints beyond 64 bits)."""
+    if isinstance(value, bool):
+        return np.asarray(value, dtype=np.bool_)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float64)
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            return np.asarray(value, dtype=np.int64)
+        return np.asarray(value, dtype=np.uint64) if 0 <= value < 2**64 else None
+    return None
+
+
+def agree(ok: bool, group=None) -> bool:
+    """True when every rank of `group` reports `ok` (a barrier that also carries failures)."""
+    rank, world = dist_info(group)
+    if world == 1:
+        return ok
+    backend = torch.distributed.get_backend(group)
+    device = "cuda" if backend == "nccl" else "cpu"
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, group=group)
+    return int(flag.item()) == 0
+
+
+def _phase(fn: Callable[[], None], group, what: str, url: str) -> None:
+    """Run `fn` on this rank, then make every rank fail if any rank failed."""
+    error = None
+    try:
+        fn()
+    except BaseException as err:  # re-raised below, once the other ranks know
+        error = err
+    if not agree(error is None, group):
+        if error is not None:
+            raise error
+        raise CheckpointError(f"another rank failed while {what} {url}; see that rank's error")
+
+
+def committed(loc: storage.Location) -> bool:
+    """True when the checkpoint at `loc` carries its commit marker."""
+    return storage.exists(loc, layout.COMMIT_FILE)
+
+
+def write(
+    staged: Staged,
+    loc: storage.Location,
+    *,
+    group=None,
+    overwrite: bool = False,
+    before_write: Callable[[], None] | None = None,
+) -> str:
+    """Write a staged state as the checkpoint `loc` and commit it.
+
+    Args:
+        staged: the output of `stage` on this rank.
+        loc: the checkpoint directory (`storage.resolve`).
+        group: the process group of the saving ranks (every rank of it calls `write`).
+        overwrite: replace a committed checkpoint already at `loc` (it stays intact until the new
+            one is committed on file systems).
+        before_write: run on rank 0 before anything is written (the manager's clean-up).
+    Returns:
+        the checkpoint's URL.
+    Raises:
+        CheckpointError: when `loc` holds a committed checkpoint and `overwrite` is False.
+    """
+    if committed(loc) and not overwrite:
+        raise CheckpointError(
+            f"{loc.url} already holds a committed checkpoint; pass overwrite=True to replace it "
+            "or save under another path"
+        )
+    work = loc.sibling(loc.name + ".tmp") if loc.is_local else loc
+    rank = staged.rank
+    started = time.time()
+
+    def prepare():
+        if rank != 0:
+            return
+        if before_write is not None:
+            before_write()
+        if not loc.is_local and overwrite:
+            storage.delete_file(loc, layout.COMMIT_FILE)  # un-commit first: never half a state
+        storage.delete_dir(work)
+        storage.make_dir(work)
+
+    _phase(prepare, group, "preparing", loc.url)
+    scalar_arrays: set[str] = set()
+    _phase(lambda: _write_arrays(staged, work, scalar_arrays), group, "writing", loc.url)
+
+    def commit():
+        if rank == 0:
+            _commit(staged, work, scalar_arrays, started)
+            if loc.is_local:
+                _move_into_place(work, loc)
+
+    _phase(commit, group, "committing", loc.url)
+    return loc.url
+
+
+def _write_arrays(staged: Staged, work: storage.Location, scalar_arrays: set[str]) -> None:
+    pending = []  # (url, future) so an error names the array it hit
+    for item in staged.leaves:
+        record = item.record
+        if record.kind == "tensor":
+            spec = array_spec(work, record)
+            if staged.rank == 0:  # rank 0 writes zarr.json; other writers assume it
+                future = ts.open(spec, create=True, context=storage.CONTEXT)
+            elif item.data is not None:
+                future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
+            else:
+                continue
+            pending.append((work.file_url(record.key), future, item))
+        elif staged.rank == 0 and record.kind != "str":
+            value = _scalar_array(record.value)
+            if value is None:
+                continue
+            spec = {
+                "driver": "zarr3",
+                "kvstore": work.child(record.key).kvstore,
+                "metadata": {
+                    "shape": [],
+                    "data_type": value.dtype.name,
+                    "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": []}},
+                    "codecs": _ZARR_CODECS,
+                },
+                "store_data_equal_to_fill_value": True,
+            }
+            item = StagedLeaf(record, (), value)
+            future = ts.open(spec, create=True, context=storage.CONTEXT)
+            pending.append((work.file_url(record.key), future, item))
+            scalar_arrays.add(record.key)
+    writes = []
+    for url, future, item in pending:
+        array = _result(future, url, "creating")
+        if item.data is not None:
+            # No copy into tensorstore's buffers: the data is either staged (ours until the next
+            # save) or the caller's tensors, which a synchronous save holds until committed.
+            write = array[item.region].write(item.data, can_reference_source_data_indefinitely=True)
+            writes.append((url, write))
+    for url, future in writes:
+        _result(future, url, "writing")
+
+
+def _result(future, url: str, what: str):
+    try:
+        return future.result()
+    except Exception as err:
+        raise CheckpointError(
+            f"{what} {url} failed: {err}; check that the storage is writable and has space"
+        ) from err
+
+
+def _commit(staged: Staged, work: storage.Location, scalar_arrays: set[str], started) -> None:
+    records = [item.record for item in staged.leaves]
+    tree_bytes = layout.dump_json(layout.tree_description(records, staged.treedef, staged.step))
+    storage.write_bytes(work, layout.TREE_FILE, tree_bytes)
+    orbax = layout.orbax_metadata(records, scalar_arrays, staged.empty_nodes)
+    storage.write_bytes(work, layout.ORBAX_METADATA, layout.dump_json(orbax))
+    strings = {r.key: r.value for r in records if r.kind == "str"}
+    if strings:
+        storage.write_bytes(work, layout.ORBAX_STRINGS, layout.dump_json(strings))
+    now_ns = time.time_ns()
+    orbax_step = {
+        "item_handlers": "orbax.checkpoint._src.handlers.pytree_checkpoint_handler."
+        "PyTreeCheckpointHandler",
+        "metrics": {},
+        "performance_metrics": {},
+        "init_timestamp_nsecs": int(started * 1e9),
+        "commit_timestamp_nsecs": now_ns,
+        "custom_metadata": {},
+    }
+    storage.write_bytes(work, layout.ORBAX_CHECKPOINT_METADATA, layout.dump_json(orbax_step))
+    storage.write_bytes(
+        work, layout.ORBAX_COMMIT, f"Checkpoint commit was successful to {work.url}".encode()
+    )
+    commit = {
+        "format": layout.FORMAT,
+        "version": layout.VERSION,
+        "step": staged.step,
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "world_size": staged.world_size,
+        "timestamp": staged.timestamp,
+        "tree_blake2b": layout.digest(tree_bytes),
+    }
+    storage.write_bytes(work, layout.COMMIT_FILE, layout.dump_json(commit))  # last: the commit
+    if work.is_local and work.fsync:
+        storage.fsync_dir(work.local_path)
+
+
+def _move_into_place(work: storage.Location, loc: storage.Location) -> None:
+    """Rename the committed `work` directory to `loc`, replacing an older checkpoint there."""
+    old = None
+    if os.path.exists(loc.local_path):
+        old = loc.sibling(loc.name + ".old")
+        storage.delete_dir(old)
+        storage.rename_dir(loc, old)
+    storage.rename_dir(work, loc)
+    if old is not None:
+        storage.delete_dir(old)
+
+
+def save(
+    path: Any,
+    state: Any,
+    *,
+    overwrite: bool = False,
+    storage_options: dict | None = None,
+    group=None,
+) -> str:
+    """Save `state` as a checkpoint directory at `path`, atomically.
+
+    Every rank of `group` calls it together; each writes only its own shards. The call returns
+    once the checkpoint is committed.
+
+    Args:
+        path: the checkpoint directory: a path, `file://`, `memory://`, `s3://` or `gs://` URL.
+        state: a `TrainState` or any pytree of tensors, DTensors and int/float/bool/str leaves.
+        overwrite: replace a committed checkpoint already at `path`.
+        storage_options: backend options (S3 `endpoint`, `region`, ...).
+        group: the process group of the saving ranks (None: the default group).
+    Returns:
+        the checkpoint's URL.
+    Example:
+        >>> functrain.checkpoint.save("/tmp/run/step_000000100", state)
+        '/tmp/run/step_000000100'
+    """
+    loc = storage.resolve(path, storage_options)
+    return write(stage(state, group=group), loc, group=group, overwrite=overwrite)

@@ -1,0 +1,308 @@
+"""The Manager: save intervals, retention, asynchronous saves, crashes, auto-resume, fine-tunes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from ckpt_helpers import assert_same_state, blank_like, make_state, same_bits
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import functrain
+from functrain import checkpoint
+from functrain.checkpoint import Manager, retained_steps, writer
+from functrain.checkpoint.errors import CheckpointError
+from functrain.time import Timestamp
+
+
+def tiny(step: int, epoch: int = 0, value: float = 0.0) -> functrain.TrainState:
+    return functrain.TrainState(
+        step=step,
+        params={"w": torch.full((3,), float(value))},
+        buffers={},
+        opt_state=(),
+        rng=functrain.RngState(),
+        timestamp=Timestamp(epoch=epoch, batch=step),
+    )
+
+
+# -- when to save -----------------------------------------------------------------------------
+
+
+def test_should_save_every_n_batches():
+    manager = Manager("memory://mgr/ba", every="3ba", async_save=False)
+    due = [b for b in range(1, 11) if manager.should_save(Timestamp(batch=b))]
+    assert due == [3, 6, 9]
+
+
+def test_should_save_each_epoch_once():
+    manager = Manager("memory://mgr/ep", every="1ep", async_save=False)
+    ts, due = Timestamp(batches_per_epoch=3), []
+    for _ in range(2):
+        for _ in range(3):
+            ts = ts.advance_batch(samples=4)
+            due.append(manager.should_save(ts))
+        ts = ts.advance_epoch()
+        due.append(manager.should_save(ts))
+        due.append(manager.should_save(ts))  # asked twice at the same moment: saved once
+    assert due == [False, False, False, True, False] * 2
+
+
+def test_should_save_samples_and_duration():
+    manager = Manager("memory://mgr/sp", every="64sp", async_save=False)
+    ts, due = Timestamp(), []
+    for _ in range(6):
+        ts = ts.advance_batch(samples=48)
+        due.append(ts.sample if manager.should_save(ts) else None)
+    assert due == [None, 96, 144, 192, None, 288]  # each multiple of 64 crossed, once
+    half = Manager("memory://mgr/dur", every="0.5dur", async_save=False)
+    assert [b for b in range(1, 11) if half.should_save(Timestamp(batch=b, max_batches=10))] == [
+        5,
+        10,
+    ]
+
+
+def test_restore_does_not_trigger_an_immediate_save():
+    manager = Manager("memory://mgr/resume", every="2ba", async_save=False)
+    manager.save(tiny(4))
+    resumed = Manager("memory://mgr/resume", every="2ba", async_save=False)
+    state = resumed.restore(tiny(0))
+    assert state.step == 4
+    assert not resumed.should_save(Timestamp(batch=4))
+    assert not resumed.should_save(Timestamp(batch=5)) and resumed.should_save(Timestamp(batch=6))
+
+
+def test_bad_arguments_are_explained():
+    with pytest.raises(ValueError, match="keep_last must be a positive int"):
+        Manager("memory://mgr/bad", keep_last=0)
+    with pytest.raises(ValueError, match="keep_every=.*ep, ba, sp or tok"):
+        Manager("memory://mgr/bad", keep_every="0.5dur")
+    with pytest.raises(ValueError, match="cannot parse"):
+        Manager("memory://mgr/bad", every="soon")
+
+
+# -- retention --------------------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    steps=st.sets(st.integers(0, 60), min_size=1, max_size=15),
+    keep_last=st.one_of(st.none(), st.integers(1, 5)),
+    keep_every=st.one_of(st.none(), st.integers(1, 12)),
+)
+def test_retention_law(steps, keep_last, keep_every):
+    kept = retained_steps(steps, keep_last=keep_last, keep_every=keep_every)
+    ordered = sorted(steps)
+    newest = set(ordered if keep_last is None else ordered[-keep_last:])
+    periodic = {s for s in steps if keep_every and s % keep_every == 0}
+    assert kept == newest | periodic | {max(steps)}
+    assert max(steps) in kept and kept <= set(steps)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    saves=st.lists(st.integers(1, 40), min_size=1, max_size=7, unique=True),
+    keep_last=st.integers(1, 3),
+    keep_every=st.one_of(st.none(), st.integers(2, 10)),
+)
+def test_manager_applies_retention_after_each_commit(saves, keep_last, keep_every):
+    root = f"memory://retention/{len(saves)}-{keep_last}-{keep_every}-{'-'.join(map(str, saves))}"
+    manager = Manager(
+        root, every=None, keep_last=keep_last, keep_every=keep_every, async_save=False
+    )
+    committed = []
+    for step in saves:
+        manager.save(tiny(step))
+        committed.append(step)
+        # Retention runs on the checkpoints present, newest by step (not by save order).
+        expected = retained_steps(committed, keep_last=keep_last, keep_every=keep_every)
+        assert {s for s, _ in manager.checkpoints()} == expected
+        committed = sorted(expected)
+    assert manager.latest().endswith(f"step_{max(saves):09d}")
+
+
+def test_keep_every_time_uses_the_saved_timestamps(tmp_path):
+    manager = Manager(tmp_path, every=None, keep_last=1, keep_every="2ep", async_save=False)
+    for step in range(1, 6):
+        manager.save(tiny(step * 10, epoch=step))
+    assert [s for s, _ in manager.checkpoints()] == [20, 40, 50]
+
+
+def test_failed_save_deletes_nothing(tmp_path, monkeypatch):
+    manager = Manager(tmp_path, every=None, keep_last=1, async_save=False)
+    manager.save(tiny(1))
+    monkeypatch.setattr(
+        writer, "_commit", lambda *a, **k: (_ for _ in ()).throw(OSError("no space"))
+    )
+    with pytest.raises(OSError, match="no space"):
+        manager.save(tiny(2))
+    assert [s for s, _ in manager.checkpoints()] == [1]
+
+
+# -- asynchronous saves -----------------------------------------------------------------------
+
+
+def test_async_save_equals_sync_save(tmp_path):
+    state = make_state()
+    sync_path = Manager(tmp_path / "sync", async_save=False).save(state)
+    manager = Manager(tmp_path / "async", async_save=True)
+    async_path = manager.save(state)
+    manager.wait()
+    assert (
+        open(os.path.join(sync_path, "tree.json"), "rb").read()
+        == open(os.path.join(async_path, "tree.json"), "rb").read()
+    )
+    assert_same_state(
+        checkpoint.load(async_path, like=blank_like(state)),
+        checkpoint.load(sync_path, like=blank_like(state)),
+    )
+    manager.close()
+
+
+def test_async_save_captures_the_state_at_the_call(tmp_path):
+    state = make_state()
+    expected = state.params["fc.weight"].clone()
+    with Manager(tmp_path, async_save=True) as manager:
+        manager.save(state)
+        state.params["fc.weight"].add_(100.0)  # a donating step right after save() returned
+        manager.wait()
+        loaded = checkpoint.load(manager.latest(), like=blank_like(state))
+    assert same_bits(loaded.params["fc.weight"], expected)
+
+
+def test_background_error_surfaces_at_the_next_call(tmp_path, monkeypatch):
+    manager = Manager(tmp_path, async_save=True)
+
+    def broken(*args, **kwargs):
+        raise OSError("bucket unreachable")
+
+    monkeypatch.setattr(writer, "write", broken)
+    manager.save(tiny(1))  # returns: the failure happens in the background
+    with pytest.raises(
+        CheckpointError, match="asynchronous save of step 1 .* failed: bucket unreachable"
+    ):
+        manager.save(tiny(2))
+    monkeypatch.undo()
+    manager.save(tiny(3))
+    manager.close()
+    assert [s for s, _ in manager.checkpoints()] == [3]
+    with pytest.raises(RuntimeError, match="closed"):
+        manager.save(tiny(4))
+
+
+def test_same_step_is_saved_once_unless_forced(tmp_path):
+    manager = Manager(tmp_path, async_save=False)
+    first = manager.save(tiny(5, value=1.0))
+    assert manager.save(tiny(5, value=2.0)) == first
+    assert checkpoint.load(first, like=tiny(0)).params["w"].tolist() == [1.0] * 3
+    manager.save(tiny(5, value=2.0), force=True)
+    assert checkpoint.load(first, like=tiny(0)).params["w"].tolist() == [2.0] * 3
+
+
+# -- crashes, resume and fine-tunes -----------------------------------------------------------
+
+_KILLED_SAVER = textwrap.dedent(
+    """
+    import sys, time, torch
+    import functrain
+    from functrain.checkpoint import Manager, writer
+
+    def state(step, n):
+        params = {f"w{i}": torch.full((64, 64), float(step)) for i in range(n)}
+        return functrain.TrainState(step=step, params=params, buffers={}, opt_state=(),
+                                    rng=functrain.RngState())
+
+    manager = Manager(sys.argv[1], every="1ba", async_save=True)
+    manager.save(state(1, 4))
+    manager.wait()
+    print("committed", flush=True)
+    results = writer._result
+    count = [0]
+    def slow_result(future, url, what):  # stall half-way through the array writes
+        count[0] += 1
+        if count[0] == 20:
+            print("midway", flush=True)
+            time.sleep(60)
+        return results(future, url, what)
+    writer._result = slow_result
+    manager.save(state(2, 40))
+    manager.wait()
+    print("finished", flush=True)
+    """
+)
+
+
+def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path):
+    root = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SAVER, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "committed"
+        assert child.stdout.readline().strip() == "midway"
+        assert os.path.isdir(root / "step_000000002.tmp")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    manager = Manager(root, async_save=False)
+    assert manager.latest() == str(root / "step_000000001")
+    like = functrain.TrainState(
+        step=0,
+        params={f"w{i}": torch.zeros(64, 64) for i in range(4)},
+        buffers={},
+        opt_state=(),
+        rng=functrain.RngState(),
+    )
+    restored = manager.restore(like)
+    assert restored.step == 1 and all(bool((w == 1.0).all()) for w in restored.params.values())
+    manager.save(restored.replace(step=3))  # the next save clears the interrupted one
+    assert sorted(os.listdir(root)) == ["step_000000001", "step_000000003"]
+
+
+def test_autoresume_picks_the_newest_committed(tmp_path):
+    manager = Manager(tmp_path, every="1ba", keep_last=5, async_save=True)
+    assert manager.restore(make_state()) is None  # a fresh run
+    for seed in range(3):
+        manager.save(make_state(seed=seed))
+    os.makedirs(tmp_path / "step_000000099")  # an uncommitted directory is never picked
+    manager.close()
+    resumed = Manager(tmp_path, every="1ba").restore(blank_like(make_state()))
+    assert_same_state(resumed, make_state(seed=2))
+
+
+def test_finetune_from_another_runs_weights(tmp_path):
+    source = make_state(seed=4)
+    pretrained = checkpoint.save(tmp_path / "pretrained", source)
+    fresh = make_state(seed=9)
+    manager = Manager(tmp_path / "finetune", init_from=pretrained, init_ignore=("params.head.*",))
+    state = manager.restore(fresh)
+    assert same_bits(state.params["fc.weight"], source.params["fc.weight"])
+    assert same_bits(state.params["head.weight"], fresh.params["head.weight"])  # ignored
+    assert state.step == fresh.step and same_bits(
+        state.opt_state[0].mu["fc.weight"], fresh.opt_state[0].mu["fc.weight"]
+    )
+    manager.save(state)
+    manager.wait()
+    # Once the fine-tune has its own checkpoint, auto-resume prefers it over init_from.
+    again = Manager(tmp_path / "finetune", init_from=pretrained).restore(blank_like(fresh))
+    assert again.step == fresh.step and same_bits(
+        again.params["head.weight"], fresh.params["head.weight"]
+    )
+    manager.close()
+
+
+def test_stale_directories_are_collected(tmp_path):
+    (tmp_path / "step_000000005.tmp" / "params.w").mkdir(parents=True)
+    (tmp_path / "step_000000002.deleting").mkdir()
+    (tmp_path / "unrelated").mkdir()
+    manager = Manager(tmp_path, async_save=False)
+    manager.save(tiny(6))
+    assert sorted(os.listdir(tmp_path)) == ["step_000000006", "unrelated"]

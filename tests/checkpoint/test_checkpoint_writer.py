@@ -1,0 +1,186 @@
+"""Saving: the layout on disk, the commit protocol, and what cannot be saved."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorstore as ts
+import torch
+from ckpt_helpers import blank_like, make_state, same_bits
+
+from functrain import checkpoint
+from functrain.checkpoint import layout, sharding, storage, writer
+from functrain.checkpoint.errors import CheckpointError
+
+
+def test_layout_follows_orbax_and_commit_is_written_last(tmp_path, monkeypatch):
+    written = []
+    original = storage.write_bytes
+    monkeypatch.setattr(
+        storage,
+        "write_bytes",
+        lambda loc, name, data: (written.append(name), original(loc, name, data)),
+    )
+    state = make_state()
+    checkpoint.save(tmp_path / "c", state)
+    assert written[-1] == layout.COMMIT_FILE and layout.TREE_FILE in written
+    names = set(os.listdir(tmp_path / "c"))
+    assert {
+        "_METADATA",
+        "_CHECKPOINT_METADATA",
+        "commit_success.txt",
+        "tree.json",
+        "COMMIT.json",
+    } <= names
+    assert {
+        "params.fc.weight",
+        "opt_state.0.mu.head.bias",
+        "algo_state.ema.params.fc.weight",
+        "step",
+    } <= names
+    assert os.path.isfile(tmp_path / "c" / "params.fc.weight" / "zarr.json")
+    assert not os.path.exists(tmp_path / "c.tmp")  # renamed into place once committed
+    metadata = json.loads((tmp_path / "c" / "_METADATA").read_text())
+    entry = metadata["tree_metadata"]["('opt_state', '0', 'mu', 'fc.weight')"]
+    assert [k["key_type"] for k in entry["key_metadata"]] == [2, 1, 2, 2]
+    assert entry["value_metadata"]["value_type"] == "np.ndarray"
+    assert metadata["use_zarr3"] and not metadata["use_ocdbt"]
+    commit = json.loads((tmp_path / "c" / "COMMIT.json").read_text())
+    assert commit["step"] == state.step and commit["timestamp"]["batch"] == state.timestamp.batch
+    assert commit["tree_blake2b"] == layout.digest((tmp_path / "c" / "tree.json").read_bytes())
+
+
+def test_arrays_open_without_functrain(tmp_path):
+    """The arrays are plain zarr3: tensorstore opens them, and so does 20 lines of numpy."""
+    weight = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    checkpoint.save(tmp_path / "c", {"w": weight, "b": weight.to(torch.bfloat16)})
+    array = ts.open({"driver": "zarr3", "kvstore": f"file://{tmp_path}/c/w/"}).result()
+    np.testing.assert_array_equal(array.read().result(), weight.numpy())
+    meta = json.loads((tmp_path / "c" / "w" / "zarr.json").read_text())
+    assert meta["codecs"] == [
+        {"configuration": {"endian": "little"}, "name": "bytes"},
+        {"name": "crc32c"},
+    ]
+    raw = (tmp_path / "c" / "w" / "c" / "0" / "0").read_bytes()
+    body, crc = raw[:-4], int.from_bytes(raw[-4:], "little")
+    assert crc == _crc32c(body)  # the chunk's checksum, verifiable by anyone
+    np.testing.assert_array_equal(
+        np.frombuffer(body, "<f4").reshape(meta["chunk_grid"]["configuration"]["chunk_shape"]),
+        weight.numpy(),
+    )
+
+
+def _crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), bitwise -- slow but independent of any library."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_large_tensors_are_split_into_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(sharding, "TARGET_CHUNK_BYTES", 1024)
+    value = torch.randn(100, 7)  # 2800 bytes -> 3 chunks of 34 rows
+    checkpoint.save(tmp_path / "c", {"x": value})
+    chunks = sorted(p.name for p in (tmp_path / "c" / "x" / "c").iterdir())
+    assert chunks == ["0", "1", "2"]
+    assert same_bits(checkpoint.load(tmp_path / "c", like={"x": torch.empty(100, 7)})["x"], value)
+
+
+def test_existing_checkpoint_needs_overwrite(tmp_path):
+    checkpoint.save(tmp_path / "c", {"a": torch.zeros(2)})
+    with pytest.raises(
+        CheckpointError, match="already holds a committed checkpoint; pass overwrite=True"
+    ):
+        checkpoint.save(tmp_path / "c", {"a": torch.ones(2)})
+    checkpoint.save(tmp_path / "c", {"a": torch.ones(2)}, overwrite=True)
+    assert checkpoint.load(tmp_path / "c", like={"a": torch.zeros(2)})["a"].tolist() == [1.0, 1.0]
+    assert sorted(os.listdir(tmp_path)) == ["c"]  # no .tmp or .old left behind
+
+
+def test_failed_write_leaves_no_committed_checkpoint(tmp_path, monkeypatch):
+    checkpoint.save(tmp_path / "c", {"a": torch.zeros(2)})
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(writer, "_commit", broken)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(tmp_path / "c", {"a": torch.ones(2)}, overwrite=True)
+    # The old checkpoint is intact; the failed one never became visible under the final name.
+    assert checkpoint.load(tmp_path / "c", like={"a": torch.ones(2)})["a"].tolist() == [0.0, 0.0]
+    assert writer.committed(storage.resolve(tmp_path / "c"))
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: {"a/b": torch.zeros(1)}, "would escape the checkpoint directory"),
+        (lambda: {"..": torch.zeros(1)}, "would escape the checkpoint directory"),
+        (lambda: {"tree.json": torch.zeros(1)}, "reserves"),
+        (
+            lambda: {"a.b": torch.zeros(1), "a": {"b": torch.zeros(1)}},
+            "share the dotted path 'a.b'",
+        ),
+        (lambda: {"obj": object()}, "leaf 'obj' is a object; checkpoints store tensors"),
+        (lambda: {"meta": torch.empty(2, device="meta")}, "meta tensor"),
+        (
+            lambda: {"q": torch.empty(2, dtype=torch.bits8)},
+            "dtype torch.bits8, which checkpoints cannot store",
+        ),
+    ],
+)
+def test_unsaveable_states_are_refused_with_the_fix(tmp_path, make, message):
+    with pytest.raises((CheckpointError, TypeError), match=message):
+        checkpoint.save(tmp_path / "c", make())
+    assert not os.path.exists(tmp_path / "c")
+
+
+def test_a_lone_tensor_must_be_wrapped(tmp_path):
+    with pytest.raises(CheckpointError, match="wrap a lone tensor"):
+        checkpoint.save(tmp_path / "c", torch.zeros(2))
+
+
+def test_stage_copy_is_independent_of_later_updates():
+    state = make_state()
+    staged = writer.stage(state, copy=True, buffers={})
+    before = state.params["fc.weight"].clone()
+    state.params["fc.weight"].add_(1.0)  # a donating step updating in place after the copy
+    item = next(i for i in staged.leaves if i.record.key == "params.fc.weight")
+    np.testing.assert_array_equal(item.data, before.numpy())
+    assert staged.nbytes == sum(
+        i.data.nbytes for i in staged.leaves if i.data is not None and i.record.kind == "tensor"
+    )
+
+
+def test_staging_buffers_are_reused():
+    state = make_state()
+    buffers: dict = {}
+    writer.stage(state, copy=True, buffers=buffers)
+    first = {k: v.data_ptr() for k, v in buffers.items()}
+    writer.stage(state, copy=True, buffers=buffers)
+    assert first == {k: v.data_ptr() for k, v in buffers.items()} and first
+
+
+def test_scalars_get_orbax_arrays_and_json_values(tmp_path):
+    state = {"i": 2**62, "big": 2**70, "f": 0.1, "t": True, "s": "text", "w": torch.ones(1)}
+    checkpoint.save(tmp_path / "c", state)
+    like = {"i": 0, "big": 0, "f": 0.0, "t": False, "s": "", "w": torch.zeros(1)}
+    loaded = checkpoint.load(tmp_path / "c", like=like)
+    assert loaded["i"] == 2**62 and loaded["big"] == 2**70 and loaded["f"] == 0.1
+    assert loaded["t"] is True and loaded["s"] == "text"
+    assert os.path.isdir(tmp_path / "c" / "i") and not os.path.isdir(tmp_path / "c" / "big")
+    assert json.loads((tmp_path / "c" / "_strings.json").read_text()) == {"s": "text"}
+
+
+def test_blank_like_round_trip_through_stage_and_write(tmp_path):
+    state = make_state(seed=3)
+    url = writer.write(writer.stage(state), storage.resolve(tmp_path / "x"))
+    assert url == str(tmp_path / "x")
+    loaded = checkpoint.load(url, like=blank_like(state))
+    assert same_bits(loaded.extra["mixed"]["e4m3"], state.extra["mixed"]["e4m3"])
