@@ -93,11 +93,12 @@ def init(
             f"functrain.optim.adamw(lr=1e-3)), got {type(optimizer).__name__}"
         )
     params = {name: p.detach() for name, p in model.named_parameters()}
-    buffers = {name: b.detach() for name, b in model.named_buffers()}
     if mesh is not None or plan is not None:
         from .dist.plans import shard_params  # local import: dist pulls torch.distributed
 
-        params = shard_params(model, params, mesh=mesh, plan=plan)
+        params = shard_params(model, params, mesh=mesh, plan=plan, seed=seed)
+    # After sharding: a meta-device model gets its buffers materialised there.
+    buffers = {name: b.detach() for name, b in model.named_buffers()}
     trainable = set(trainable_names(model))
     opt_state = optimizer.init({k: v for k, v in params.items() if k in trainable})
     return TrainState(

@@ -188,68 +188,74 @@ class Step:
         buffers = state.buffers
         if not config.donate:  # BatchNorm updates its statistics in place: work on copies
             buffers = {k: v.clone() for k, v in buffers.items()}
-        frozen = {k: v for k, v in state.params.items() if k not in self._trainable_set}
+        frozen = dist_compute.gather_params(
+            {k: v for k, v in state.params.items() if k not in self._trainable_set}
+        )
         microbatches = split_batch(batch, self._microbatch) if self._microbatch else [batch]
         weights = _microbatch_weights(microbatches, config)
         scale = None
         if config.precision == "amp_fp16":
             scale = state.algo_state[precision_lib.LOSS_SCALE_KEY].scale
         in_place = self._state_is_model(state)
-        total_grads, total_loss, aux = None, None, {}
-        for index, (microbatch, weight) in enumerate(zip(microbatches, weights)):
 
-            def objective(leaves, microbatch=microbatch, weight=weight):
-                compute = dist_compute.gather_params(leaves)
-                with precision_lib.autocast_context(config.precision, self._device_type):
+        def make_objective(index: int, microbatch: Batch, weight: float):
+            def objective(compute: dict) -> tuple[torch.Tensor, tuple]:
+                """The weighted loss of one microbatch, given the gathered trainable params."""
+                with (
+                    self._forward_rng(state, rank, index),
+                    precision_lib.autocast_context(config.precision, self._device_type),
+                ):
                     loss, aux = self._forward_loss(
                         pieces, {**frozen, **compute}, buffers, microbatch, in_place
                     )
                 value = loss.float() * weight
                 return (value * scale if scale is not None else value), (loss, aux)
 
-            # Under torch.compile the caller seeds the global generator once, outside the graph.
-            rng_context = (
-                contextlib.nullcontext()
-                if torch.compiler.is_compiling()
-                else seeded_global_rng(
-                    seed_for(state.rng, state.step, "forward", rank * 65536 + index),
-                    self._device_type,
-                )
-            )
-            with rng_context:
-                grads, loss, aux = self._differentiate(
-                    objective, self._module_params if in_place else state.params, in_place
-                )
-            if total_grads is None:
-                total_grads, total_loss = grads, loss.detach().float() * weight
-            else:
-                torch._foreach_add_(total_grads, grads)
-                total_loss = total_loss + loss.detach().float() * weight
+            return objective
+
+        objectives = [
+            make_objective(i, mb, w) for i, (mb, w) in enumerate(zip(microbatches, weights))
+        ]
+        source = self._module_params if in_place else state.params
+        if config.grad_mode == "func":
+            grads, outs = self._func_grads(source, objectives)
+        else:
+            # The model's own Parameters already require grad; other tensors get fresh leaves.
+            leaves = {
+                k: source[k] if in_place else source[k].detach().requires_grad_()
+                for k in self._trainable
+            }
+            # One gather and one reduction per step, however many microbatches.
+            grads, outs = dist_compute.accumulate_grads(leaves, objectives)
+        total_loss = sum(loss.detach().float() * w for (_, (loss, _)), w in zip(outs, weights))
+        aux = outs[-1][1][1]
         if scale is not None:
-            total_grads = torch._foreach_div(total_grads, scale)
-        grads = dist_compute.finalize_grads(dict(zip(self._trainable, total_grads)), state.params)
+            grads = torch._foreach_div(grads, scale)
+        grads = dist_compute.finalize_grads(dict(zip(self._trainable, grads)), state.params)
         return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
 
-    def _differentiate(self, objective, params, in_place: bool = False):
-        """Gradients of `objective(leaves)` w.r.t. the trainable params, its loss and aux.
+    def _forward_rng(self, state: TrainState, rank: int, index: int):
+        """The context seeding the global generator for microbatch `index` of this step."""
+        if torch.compiler.is_compiling():  # compile_step seeds once, outside the graph
+            return contextlib.nullcontext()
+        seed = seed_for(state.rng, state.step, "forward", rank * 65536 + index)
+        return seeded_global_rng(seed, self._device_type)
 
-        "autograd" differentiates with `torch.autograd.grad` (works with DTensors, whose
-        gather-at-use must not run inside a torch.func transform); "func" with
-        `torch.func.grad`, which `torch.compile` traces into one graph.
-        """
-        if self.config.grad_mode == "func":
-            leaves = {k: params[k] for k in self._trainable}
-            grads, (loss, aux) = torch.func.grad(objective, has_aux=True)(leaves)
-            return list(grads.values()), loss, aux
-        if in_place:  # the model's own Parameters, which already require grad
-            leaves = {k: params[k] for k in self._trainable}
-        else:
-            leaves = {k: params[k].detach().requires_grad_() for k in self._trainable}
-        with torch.enable_grad():
-            value, (loss, aux) = objective(leaves)
-            grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, leaves.values())]
-        return grads, loss, aux
+    def _func_grads(self, source: dict, objectives: list) -> tuple[list, list]:
+        """Gradients by `torch.func.grad`, summed over the microbatches' objectives."""
+        leaves = {k: source[k] for k in self._trainable}
+        total, outs = None, []
+        for objective in objectives:
+
+            def with_aux(leaves, objective=objective):
+                value, rest = objective(dist_compute.gather_params(leaves))
+                return value, (value.detach(), rest)
+
+            grads, out = torch.func.grad(with_aux, has_aux=True)(leaves)
+            grads = list(grads.values())
+            total = grads if total is None else torch._foreach_add(total, grads)
+            outs.append(out)
+        return total, outs
 
     def _update(self, grads: dict, state: TrainState) -> TrainState:
         donate = self.config.donate

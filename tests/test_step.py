@@ -319,3 +319,17 @@ def test_donating_run_from_init_updates_the_model_in_place_like_a_plain_loop():
     assert tree_allclose(state.buffers, pure_state.buffers, atol=1e-6)
     for name, p in model.named_parameters():  # the model follows training, as in a plain loop
         assert torch.equal(p.detach(), state.params[name])
+
+
+def test_func_grad_mode_matches_autograd_mode():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    opt = optim.adamw(lr=0.1)
+    state = functrain.init(model, opt, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    batch = (torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen))
+    by_autograd, m1 = functrain.make_step(model, ce_loss, opt, microbatch_size=8)(state, batch)
+    by_func, m2 = functrain.make_step(model, ce_loss, opt, microbatch_size=8, grad_mode="func")(
+        state, batch
+    )
+    assert tree_allclose(by_autograd.params, by_func.params, atol=1e-6)
+    assert torch.allclose(m1["loss"], m2["loss"])

@@ -205,7 +205,8 @@ def global_norm(tree: Any) -> torch.Tensor:
                 for replicas, shards in groups.items()
             )
             for dim in range(mesh.ndim):  # one all-reduce per mesh dim sums over the whole mesh
-                torch.distributed.all_reduce(local, group=mesh.get_group(dim))
+                if mesh.size(dim) > 1:  # a size-1 dimension has nothing to add
+                    torch.distributed.all_reduce(local, group=mesh.get_group(dim))
             total = total + local
         return total.sqrt()
 

@@ -1,0 +1,209 @@
+"""Process groups and the named device mesh (`dp_replicate`, `dp_shard`, `tp`).
+
+`init_mesh` works the same under torchrun (it reads RANK, WORLD_SIZE, MASTER_ADDR, ... from the
+environment) and in a plain `python train.py` with no environment at all (a world of one process),
+so a script written for one process runs unchanged on many.
+
+The mesh always has the three named dims, in this order; unused ones have size 1. Data parallelism
+is `dp_replicate x dp_shard` (HSDP when both exceed 1); `tp` is tensor parallelism. The mesh made
+last is the *current* mesh, which `data_parallel_info()` and the step read.
+
+Example:
+    >>> mesh = init_mesh(dp_shard=-1)          # all ranks shard parameters (FSDP) or replicate (DDP)
+    >>> mesh = init_mesh(dp_replicate=2, dp_shard=-1, tp=2)   # HSDP over TP
+    >>> mesh.mesh_dim_names
+    ('dp_replicate', 'dp_shard', 'tp')
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+DP_DIMS = ("dp_replicate", "dp_shard")
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+_current_mesh: DeviceMesh | None = None
+_dp_groups: dict[DeviceMesh, Any] = {}  # mesh -> its flattened data-parallel process group
+
+
+def default_device_type() -> str:
+    """ "cuda" when a GPU is visible, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tuple[int, int]:
+    """Initialise the default process group once; return `(rank, world_size)`.
+
+    Reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK). With
+    none of it set, makes a one-process world in memory (no ports, no files), so the same script
+    runs with `python train.py` and with `python -m functrain.launch -n 4 train.py`.
+
+    Args:
+        backend: "gloo", "nccl", ... (None: nccl for CUDA with gloo for CPU tensors, else gloo).
+        timeout_s: how long a collective may wait for the other ranks before failing.
+    Returns:
+        `(rank, world_size)` of this process.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if backend is None:
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    present = [v for v in _TORCHRUN_VARS if v in os.environ]
+    if present and len(present) < len(_TORCHRUN_VARS):
+        missing = [v for v in _TORCHRUN_VARS if v not in os.environ]
+        raise RuntimeError(
+            f"incomplete distributed environment: {present} are set but {missing} are not. "
+            "Launch with `python -m functrain.launch -n N script.py` (or torchrun), or unset them "
+            "to run as a single process."
+        )
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if present:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:
+        store = dist.HashStore()  # one process: nothing to rendezvous with
+        dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
+    atexit.register(shutdown)  # torchrun aborts a rank that exits with a live process group
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown() -> None:
+    """Destroy the process group (safe to call twice). Registered at exit by `init_distributed`."""
+    global _current_mesh
+    _current_mesh = None
+    _dp_groups.clear()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _resolve_sizes(world: int, dp_replicate: int, dp_shard: int, tp: int) -> tuple[int, int, int]:
+    sizes = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp}
+    for name, size in sizes.items():
+        if not isinstance(size, int) or size == 0 or size < -1:
+            raise ValueError(
+                f"init_mesh: {name} must be a positive int or -1 (infer), got {size!r}"
+            )
+    free = [name for name, size in sizes.items() if size == -1]
+    if len(free) > 1:
+        raise ValueError(f"init_mesh: only one dim may be -1 (inferred), got {free}")
+    known = 1
+    for size in sizes.values():
+        known *= size if size != -1 else 1
+    if free:
+        if world % known:
+            raise ValueError(
+                f"init_mesh: the world has {world} ranks, not divisible by the fixed dims "
+                f"{ {k: v for k, v in sizes.items() if v != -1} } (product {known})"
+            )
+        sizes[free[0]] = world // known
+    product = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"]
+    if product != world:
+        raise ValueError(
+            f"init_mesh: dp_replicate*dp_shard*tp = {product} but the world has {world} ranks; "
+            "make the product match or pass -1 for one dim to infer it"
+        )
+    return sizes["dp_replicate"], sizes["dp_shard"], sizes["tp"]
+
+
+def init_mesh(
+    dp_shard: int = -1,
+    dp_replicate: int = 1,
+    tp: int = 1,
+    *,
+    device_type: str | None = None,
+    backend: str | None = None,
+) -> DeviceMesh:
+    """Initialise distribution (if needed) and make the current 3-D mesh.
+
+    Args:
+        dp_shard: ranks that shard parameters under FSDP (-1: whatever the other dims leave).
+        dp_replicate: replicas of the sharded group (HSDP when > 1 with `dp_shard` > 1).
+        tp: tensor-parallel degree (consecutive ranks, so a TP group stays inside a node).
+        device_type: "cpu" or "cuda" (None: cuda when available).
+        backend: process-group backend (None: see `init_distributed`).
+    Returns:
+        a `DeviceMesh` with dims `("dp_replicate", "dp_shard", "tp")`, also made current.
+    Example:
+        >>> mesh = init_mesh(dp_shard=-1)   # 1 rank under `python`, N under the launcher
+    """
+    global _current_mesh
+    _, world = init_distributed(backend)
+    shape = _resolve_sizes(world, dp_replicate, dp_shard, tp)
+    mesh = init_device_mesh(device_type or default_device_type(), shape, mesh_dim_names=MESH_DIMS)
+    dp_group(mesh)  # made now: creating a group is collective, so every rank must take part
+    _current_mesh = mesh
+    return mesh
+
+
+def current_mesh() -> DeviceMesh | None:
+    """The mesh made last by `init_mesh` (None before any)."""
+    return _current_mesh
+
+
+def set_current_mesh(mesh: DeviceMesh | None) -> None:
+    """Make `mesh` current (it must have the dims `MESH_DIMS`), or None for no distribution."""
+    global _current_mesh
+    if mesh is not None:
+        check_mesh(mesh)
+    _current_mesh = mesh
+
+
+def check_mesh(mesh: Any) -> DeviceMesh:
+    """`mesh` if it is a DeviceMesh with functrain's named dims, else a clear error."""
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(
+            f"expected a DeviceMesh from functrain.dist.init_mesh(...), got {type(mesh).__name__}"
+        )
+    if tuple(mesh.mesh_dim_names or ()) != MESH_DIMS:
+        raise ValueError(
+            f"the mesh must have dims {MESH_DIMS} (make it with functrain.dist.init_mesh), "
+            f"got {mesh.mesh_dim_names}"
+        )
+    return mesh
+
+
+def dim_size(mesh: DeviceMesh, name: str) -> int:
+    """Size of the named mesh dim."""
+    return mesh.size(MESH_DIMS.index(name))
+
+
+def dim_rank(mesh: DeviceMesh, name: str) -> int:
+    """This rank's coordinate along the named mesh dim."""
+    return mesh.get_local_rank(MESH_DIMS.index(name))
+
+
+def dim_group(mesh: DeviceMesh, name: str):
+    """The process group of the named mesh dim (this rank's slice)."""
+    return mesh.get_group(MESH_DIMS.index(name))
+
+
+def dp_size(mesh: DeviceMesh) -> int:
+    """Data-parallel world size: `dp_replicate * dp_shard`."""
+    return dim_size(mesh, "dp_replicate") * dim_size(mesh, "dp_shard")
+
+
+def dp_rank(mesh: DeviceMesh) -> int:
+    """This rank's index among the data-parallel ranks (equal across a TP group)."""
+    return dim_rank(mesh, "dp_replicate") * dim_size(mesh, "dp_shard") + dim_rank(mesh, "dp_shard")
+
+
+def dp_group(mesh: DeviceMesh):
+    """One process group over both data-parallel dims (made once per mesh, on all ranks)."""
+    key = mesh  # DeviceMesh hashes by its layout
+    if key not in _dp_groups:
+        if dim_size(mesh, "dp_replicate") == 1:
+            _dp_groups[key] = dim_group(mesh, "dp_shard")
+        elif dim_size(mesh, "dp_shard") == 1:
+            _dp_groups[key] = dim_group(mesh, "dp_replicate")
+        else:
+            _dp_groups[key] = mesh[DP_DIMS]._flatten("dp").get_group()
+    return _dp_groups[key]

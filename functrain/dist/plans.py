@@ -1,0 +1,342 @@
+"""Sharding plans: which placement every parameter gets on the `(dp_replicate, dp_shard, tp)` mesh.
+
+    ddp      Replicate everywhere; gradients all-reduced over the data-parallel ranks.
+    fsdp     Shard(0) on `dp_shard` (parameters, gradients and optimizer state sharded);
+             gathered for compute, gradients reduce-scattered.
+    hsdp     fsdp on a 2-D data-parallel mesh: sharded on `dp_shard`, replicated on `dp_replicate`
+             (the same placements; the mesh decides).
+    tp       Column/row-parallel Linear layers sharded on `tp` (see `tensor_parallel`).
+    tp+fsdp  both (FSDP takes a dim that TP leaves whole); also "tp+ddp", "tp+hsdp".
+
+`shard_params(model, params, mesh=mesh, plan=plan)` (called by `functrain.init`) turns the model's
+parameters into DTensors and *puts those same DTensors back into the model*, as FSDP2 does: no rank
+keeps a full copy of a sharded parameter, and the state's tensors are the model's.
+
+A model built on the meta device (`with torch.device("meta"): model = Net()`) is materialised one
+module at a time, each with its own seed (`reset_parameters()` under a generator derived from the
+run's seed and the module's name), so no rank ever holds the whole model and the initial values do
+not depend on the mesh.
+
+Example:
+    >>> mesh = functrain.dist.init_mesh(dp_shard=-1)
+    >>> state = functrain.init(model, opt, seed=0, mesh=mesh, plan="fsdp")
+    >>> state = functrain.init(model, opt, mesh=mesh, plan=fsdp(param_dtype=torch.bfloat16))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from ..rng import RngState, seed_for, seeded_global_rng
+from . import comm, compute, tensor_parallel
+from .flat import shard_extent
+from .mesh import check_mesh, dim_size, set_current_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a model's parameters are laid out on the mesh.
+
+    Attributes:
+        name: for messages ("ddp", "fsdp", "tp+fsdp", ...).
+        shard: shard parameters over `dp_shard` (FSDP/HSDP); else replicate them (DDP).
+        tp: None (no tensor parallelism), "auto", or `{module name pattern: style}` with styles
+            "colwise", "rowwise", "colwise_gather".
+        param_dtype: dtype parameters are gathered and computed in (None: their own).
+        reduce_dtype: dtype gradients are reduced in (None: the compute dtype).
+        bucket_mb: parameters per collective, in MiB (flat buffers; larger = fewer, bigger calls).
+    """
+
+    name: str
+    shard: bool = False
+    tp: str | Mapping[str, str] | None = None
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    bucket_mb: float = 25.0
+
+
+def ddp(**options) -> Plan:
+    """Replicated parameters, all-reduced gradients (`options`: `Plan` fields)."""
+    return Plan(name="ddp", shard=False, **options)
+
+
+def fsdp(**options) -> Plan:
+    """Parameters, gradients and optimizer state sharded on `dp_shard`."""
+    return Plan(name="fsdp", shard=True, **options)
+
+
+def hsdp(**options) -> Plan:
+    """fsdp within `dp_shard`, replicated across `dp_replicate` (make the mesh 2-D)."""
+    return Plan(name="hsdp", shard=True, **options)
+
+
+def tp(styles: str | Mapping[str, str] = "auto", *, shard: bool = False, **options) -> Plan:
+    """Tensor parallelism on `tp`, with FSDP on `dp_shard` when `shard` (else DDP)."""
+    return Plan(name="tp+fsdp" if shard else "tp", shard=shard, tp=styles, **options)
+
+
+_NAMED = {
+    "ddp": lambda: ddp(),
+    "fsdp": lambda: fsdp(),
+    "hsdp": lambda: hsdp(),
+    "tp": lambda: tp(),
+    "tp+ddp": lambda: tp(),
+    "tp+fsdp": lambda: tp(shard=True),
+    "fsdp+tp": lambda: tp(shard=True),
+    "tp+hsdp": lambda: tp(shard=True),
+    "hsdp+tp": lambda: tp(shard=True),
+}
+
+
+def resolve_plan(plan: str | Plan | None) -> Plan:
+    """A `Plan` from a name ("ddp", "fsdp", "hsdp", "tp", "tp+fsdp", "tp+hsdp", "tp+ddp") or a Plan."""
+    if plan is None:
+        return ddp()
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, str) and plan.lower() in _NAMED:
+        return _NAMED[plan.lower()]()
+    raise ValueError(
+        f"unknown sharding plan {plan!r}; use one of {sorted(_NAMED)} or a functrain.dist.Plan"
+    )
+
+
+def param_placements(
+    name: str, shape: tuple[int, ...], tp_style: str | None, attr: str, mesh, plan: Plan
+) -> tuple:
+    """The placements of one parameter on the 3-D mesh.
+
+    Args:
+        name: its name (for messages).
+        shape: its global shape.
+        tp_style: the style of the Linear that owns it (None: not tensor-parallel).
+        attr: its attribute name in that module ("weight", "bias").
+        mesh: the mesh.
+        plan: the plan.
+    Returns:
+        `(dp_replicate, dp_shard, tp)` placements.
+    """
+    tp_place = Replicate()
+    if tp_style is not None and dim_size(mesh, "tp") > 1:
+        tp_place = tensor_parallel.tp_placement(tp_style, attr)
+    shard_place = Replicate()
+    if plan.shard and len(shape) > 0 and dim_size(mesh, "dp_shard") > 1:
+        tp_dim = tp_place.dim if isinstance(tp_place, Shard) else None
+        free = [d for d in range(len(shape)) if d != tp_dim]  # never cut one dim twice
+        if free:
+            shard_place = Shard(free[0])
+    return (Replicate(), shard_place, tp_place)
+
+
+def local_piece(tensor: torch.Tensor, mesh, placements: tuple) -> torch.Tensor:
+    """This rank's piece of the full `tensor` under `placements` (a view; DTensor's chunking)."""
+    piece = tensor
+    for mesh_dim, placement in enumerate(placements):
+        if isinstance(placement, Shard):
+            n = mesh.size(mesh_dim)
+            length, start = shard_extent(
+                tensor.shape[placement.dim], n, mesh.get_local_rank(mesh_dim)
+            )
+            piece = piece.narrow(placement.dim, start, length)
+    return piece
+
+
+def _owners(model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, str, str]]]:
+    """`{param name (the first, as named_parameters gives it): [(module, attr, module name), ...]}`."""
+    first: dict[int, str] = {}
+    owners: dict[str, list] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for attr, param in module._parameters.items():
+            if param is None:
+                continue
+            full = f"{module_name}.{attr}" if module_name else attr
+            key = first.setdefault(id(param), full)
+            entries = owners.setdefault(key, [])
+            if not any(m is module and a == attr for m, a, _ in entries):
+                entries.append((module, attr, module_name))
+    return owners
+
+
+def _broadcast_from_rank0(tensors: list[torch.Tensor], cap_bytes: int = 64 << 20) -> None:
+    """Make every rank's `tensors` equal to rank 0's (as DDP does at construction), in flat chunks."""
+    if comm.group_size(None) == 1:
+        return
+    ordered = sorted(tensors, key=lambda t: str(t.dtype))  # same order on every rank
+    for chunk in _chunks(ordered, cap_bytes):
+        flat = torch.cat([t.reshape(-1) for t in chunk])
+        comm.broadcast_(flat, 0, None)
+        with torch.no_grad():
+            for t, part in zip(chunk, flat.split([t.numel() for t in chunk])):
+                t.copy_(part.view(t.shape))
+
+
+def _chunks(tensors: list[torch.Tensor], cap_bytes: int):
+    chunk, size = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if chunk and (size + nbytes > cap_bytes or t.dtype != chunk[0].dtype):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(t)
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
+def _materialize(module: torch.nn.Module, module_name: str, device, seed: int) -> None:
+    """Give a meta module's own parameters and buffers real values (its `reset_parameters`)."""
+    for attr, param in module._parameters.items():  # tied and already placed: re-made here
+        if isinstance(param, DTensor):
+            module._parameters[attr] = torch.nn.Parameter(
+                torch.empty(param.shape, dtype=param.dtype, device="meta"), param.requires_grad
+            )
+    module.to_empty(device=device, recurse=False)
+    reset = getattr(module, "reset_parameters", None) or getattr(
+        module, "reset_running_stats", None
+    )
+    if reset is None:  # to_empty left garbage: refuse rather than train on it
+        raise ValueError(
+            f"module {module_name or '<root>'} ({type(module).__name__}) has parameters or buffers "
+            "on the meta device but no reset_parameters(); define one that (re)computes its own "
+            "parameters and buffers, or build the model on a real device"
+        )
+    with seeded_global_rng(seed_for(RngState(seed), 0, f"init/{module_name}"), device.type):
+        with torch.no_grad():
+            reset()
+
+
+def _is_meta(t) -> bool:
+    return t is not None and t.is_meta and not isinstance(t, DTensor)
+
+
+def shard_params(
+    model: torch.nn.Module,
+    params: dict[str, torch.Tensor],
+    *,
+    mesh,
+    plan: str | Plan | None = None,
+    seed: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Place `params` (the model's, by name) on `mesh` per `plan`; return `{name: DTensor}`.
+
+    The model's parameters are replaced by the same DTensors (sharded ones are never held whole),
+    tensor-parallel Linear layers get their parallel forward, and every rank ends with rank 0's
+    values (broadcast, as DDP does) unless the model was on the meta device, where each module is
+    initialised from `seed` and its name.
+
+    Args:
+        model: the module the params belong to.
+        params: `{name: tensor}` as `functrain.init` collects them (tied weights once).
+        mesh: a mesh from `functrain.dist.init_mesh` (made current).
+        plan: a plan name or `Plan` (None: "ddp").
+        seed: the run's seed, for meta-device initialisation (None: 0).
+    Returns:
+        `{name: DTensor}` in the order of `params`.
+    Example:
+        >>> params = shard_params(model, dict(model.named_parameters()), mesh=mesh, plan="fsdp")
+    """
+    if mesh is None:
+        raise ValueError(f"plan={plan!r} needs a mesh: pass mesh=functrain.dist.init_mesh(...)")
+    check_mesh(mesh)
+    plan = resolve_plan(plan)
+    set_current_mesh(mesh)
+    tp_size = dim_size(mesh, "tp")
+    if tp_size > 1 and plan.tp is None:
+        raise ValueError(
+            f"the mesh has tp={tp_size} but plan {plan.name!r} has no tensor parallelism; use "
+            "plan='tp' or 'tp+fsdp', or make the mesh with tp=1"
+        )
+    owners = _owners(model)
+    missing = [name for name in params if name not in owners]
+    if missing:
+        raise ValueError(f"params {missing} are not parameters of the model (names must match)")
+    modules = dict(model.named_modules())
+    styles = tensor_parallel.resolve_tp_styles(model, plan.tp) if plan.tp is not None else {}
+    for module_name, style in styles.items():
+        tensor_parallel.check_style(module_name, modules[module_name], style, tp_size)
+    for name, entries in owners.items():
+        if len(entries) > 1 and any(m in styles for _, _, m in entries):
+            raise ValueError(
+                f"{name} is tied to {[m + '.' + a for _, a, m in entries[1:]]} and cannot be "
+                "tensor-parallel; leave its Linear out of the tp plan"
+            )
+    for module_name, style in styles.items():
+        tensor_parallel.install_style(modules[module_name], style, mesh["tp"])
+
+    if mesh.device_type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device(mesh.device_type)
+    name_of = {(id(m), a): name for name, entries in owners.items() for m, a, _ in entries}
+    result: dict[str, torch.Tensor] = {}
+
+    def place(name: str, whole: torch.Tensor) -> None:
+        module, attr, module_name = owners[name][0]
+        requires_grad = module._parameters[attr].requires_grad
+        placements = param_placements(
+            name, tuple(whole.shape), styles.get(module_name), attr, mesh, plan
+        )
+        piece = local_piece(whole.detach(), mesh, placements).to(device)
+        if any(isinstance(p, Shard) for p in placements):
+            piece = piece.clone()  # own storage, so the whole tensor can be freed
+        value = DTensor.from_local(
+            piece, mesh, placements, shape=whole.shape, stride=_contiguous_stride(whole.shape)
+        )
+        result[name] = value
+        new_param = torch.nn.Parameter(value, requires_grad=requires_grad)
+        for owner, owner_attr, _ in owners[name]:
+            owner._parameters[owner_attr] = new_param
+
+    # Meta modules: one at a time, so at most one module is ever whole on a rank.
+    seed = 0 if seed is None else int(seed)
+    for module_name, module in model.named_modules():
+        own = list(module._parameters.values()) + list(module._buffers.values())
+        if not any(_is_meta(t) for t in own):
+            continue
+        _materialize(module, module_name, device, seed)
+        for attr, param in list(module._parameters.items()):
+            if param is not None and name_of[(id(module), attr)] in params:
+                place(name_of[(id(module), attr)], param)
+    real = {
+        name: getattr(owners[name][0][0], owners[name][0][1])
+        for name in params
+        if name not in result
+    }
+    _broadcast_from_rank0([t.data for t in real.values() if not isinstance(t, DTensor)])
+    for name, tensor in real.items():
+        place(name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
+    compute.register_policies({name: compute.ParamPolicy.from_plan(plan) for name in result})
+    _install_input_cast(model, plan.param_dtype)
+    return {name: result[name] for name in params}
+
+
+def _install_input_cast(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    """With a `param_dtype`, cast the model's floating-point inputs to it (as FSDP2 does)."""
+    old = getattr(model, "_functrain_input_cast", None)
+    if old is not None:
+        old.remove()
+        model._functrain_input_cast = None
+    if dtype is None:
+        return
+
+    def cast(module, args, kwargs):
+        from ..tree import tree_map
+
+        def to(x):
+            return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+        return tree_map(to, args), tree_map(to, kwargs)
+
+    model._functrain_input_cast = model.register_forward_pre_hook(cast, with_kwargs=True)
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for size in reversed(tuple(shape)):
+        stride.append(acc)
+        acc *= size
+    return tuple(reversed(stride))

@@ -1,0 +1,28 @@
+"""Fixtures for the distribution tests.
+
+`mesh1` is a one-process mesh (an in-memory process group, no ports): the single-process paths of
+functrain.dist run for real. Under `python -m functrain.launch -n N -m pytest tests/dist` the
+process group belongs to the launcher's world, so the one-process tests skip there.
+"""
+
+import pytest
+from dist_launching import launched_world
+
+from functrain import dist as fdist
+
+
+@pytest.fixture(scope="module")
+def mesh1():
+    if launched_world() not in (None, 1):
+        pytest.skip("one-process test; running as one rank of a launched world")
+    mesh = fdist.init_mesh()
+    yield mesh
+    fdist.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _no_current_mesh_leaks():
+    """Each test starts and ends without a current mesh, so other tests see one process."""
+    previous = fdist.current_mesh()
+    yield
+    fdist.set_current_mesh(previous)

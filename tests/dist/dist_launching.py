@@ -1,0 +1,66 @@
+"""Helpers for tests that start real processes with `python -m functrain.launch`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+_LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def launched_world() -> int | None:
+    """The launcher's world size when this process is one of its ranks, else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def clean_env(extra_path: str | None = None) -> dict:
+    """This environment minus any launcher's variables (a nested launch starts its own world)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _LAUNCH_VARS and not k.startswith("TORCHELASTIC")
+    }
+    paths = [p for p in (extra_path, ROOT, env.get("PYTHONPATH")) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def launch(n: int, args: list[str], timeout: float = 400, extra_path: str | None = None):
+    """`python -m functrain.launch -n N args...` in a clean environment; the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "functrain.launch", "-n", str(n), *args],
+        env=clean_env(extra_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_python(args: list[str], timeout: float = 120, extra_path: str | None = None):
+    """`python args...` (one process, no launcher) in a clean environment."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=clean_env(extra_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,422 @@
+"""Multi-rank scenarios for tests/dist/test_dist_multirank.py (run on every rank).
+
+Launched as `python -m functrain.launch -n N tests/dist/dist_worker.py --out r.json --world N`, or
+imported and called in-process when pytest itself runs under the launcher. Every scenario trains
+(or computes) on all ranks, compares with a single-process reference that every rank computes
+locally on the same global batch, and returns numbers; rank 0 writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import functrain
+from functrain import dist as fdist
+from functrain.dist import compute as fcompute
+from functrain.dist import plans as fplans
+
+STEPS = 20
+BATCH = 8
+
+
+# -- models -----------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    """Odd widths, so every FSDP shard is uneven on 2 and 4 ranks (a 5-wide bias: 2, 2, 1, 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(7, 13)
+        self.fc2 = nn.Linear(13, 5)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class TiedLM(nn.Module):
+    """Embedding and output head share one weight."""
+
+    def __init__(self, vocab=11, dim=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.head_dim = dim // heads
+        # no key bias: softmax ignores it, so its exact gradient is 0 and Adam would amplify the
+        # rounding noise around 0 into full-size steps that differ run to run
+        self.q, self.k, self.v = (
+            nn.Linear(dim, dim),
+            nn.Linear(dim, dim, bias=False),
+            nn.Linear(dim, dim),
+        )
+        self.o_proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism a rank holds heads / tp of them
+        q, k, v = (
+            f(x).view(b, t, -1, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    """Pre-norm blocks, tied embedding/head: q/k/v/fc1 column-, o_proj/fc2 row-parallel."""
+
+    def __init__(self, vocab=17, dim=16, heads=4, context=6, layers=1):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def classify_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def lm_loss(model, batch):
+    tokens, targets = batch
+    logits = model(tokens)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make(kind: str):
+    torch.manual_seed(0)
+    return {"mlp": MLP, "tied": TiedLM, "gpt": TinyGPT}[kind]()
+
+
+def batches(kind: str, steps: int = STEPS, size: int = BATCH):
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        if kind == "mlp":
+            out.append(
+                (torch.randn(size, 7, generator=gen), torch.randint(0, 5, (size,), generator=gen))
+            )
+        elif kind == "tied":
+            out.append(
+                (
+                    torch.randint(0, 11, (size, 3), generator=gen),
+                    torch.randint(0, 11, (size, 3), generator=gen),
+                )
+            )
+        else:
+            seq = torch.randint(0, 17, (size, 7), generator=gen)
+            out.append((seq[:, :-1], seq[:, 1:]))
+    return out
+
+
+def rank_slice(batch, rank: int, world: int):
+    per = batch[0].shape[0] // world
+    return tuple(t[rank * per : (rank + 1) * per] for t in batch)
+
+
+def optimizer():
+    # clipping is active (grad norms are ~1): equal results prove the cross-shard global norm
+    return functrain.optim.chain(
+        functrain.optim.clip_by_global_norm(0.3), functrain.optim.adamw(1e-2)
+    )
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def reference(kind: str, steps: int = STEPS, opt=None):
+    """Single-process training on the global batches: `({name: tensor}, [loss per step])`."""
+    fdist.set_current_mesh(None)
+    model = make(kind)
+    opt = opt or optimizer()
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, lm_loss if kind != "mlp" else classify_loss, opt)
+    losses = []
+    for batch in batches(kind, steps):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    return {k: v.detach() for k, v in state.params.items()}, losses
+
+
+def train(kind: str, mesh, plan, steps: int = STEPS, opt=None):
+    """Training on the mesh, each data-parallel rank on its slice of the same global batches."""
+    fdist.set_current_mesh(mesh)
+    model = make(kind)
+    opt = opt or optimizer()
+    state = functrain.init(model, opt, seed=0, mesh=mesh, plan=plan)
+    step = functrain.make_step(model, lm_loss if kind != "mlp" else classify_loss, opt)
+    rank, world = fdist.data_parallel_info()
+    losses = []
+    fdist.COUNTER.reset()
+    for batch in batches(kind, steps):
+        state, metrics = step(state, rank_slice(batch, rank, world))
+        losses.append(float(metrics["loss"]))
+    comm = fdist.COUNTER.snapshot()
+    return state, losses, comm
+
+
+def max_error(a: dict, b: dict | None) -> float | None:
+    """Largest elementwise difference (None off rank 0, where no reference was computed)."""
+    if b is None:
+        return None
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in b)
+
+
+def on_rank0(fn, *args, **kwargs):
+    """`fn(...)` on rank 0 only (the single-process references), None elsewhere."""
+    return fn(*args, **kwargs) if torch.distributed.get_rank() == 0 else None
+
+
+def param_bytes(params: dict) -> int:
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def mesh_for(world: int, dp_replicate=1, tp=1):
+    return fdist.init_mesh(dp_shard=-1, dp_replicate=dp_replicate, tp=tp)
+
+
+# -- scenarios --------------------------------------------------------------------------------
+
+
+def scenario_plan(kind: str, plan: str, dp_replicate: int = 1, tp: int = 1):
+    def run(world):
+        ref, ref_losses = on_rank0(reference, kind) or (None, None)
+        mesh = mesh_for(world, dp_replicate, tp)
+        state, losses, comm = train(kind, mesh, plan)
+        full = fdist.full_params(state.params)
+        placements = {k: [str(p) for p in v.placements] for k, v in state.params.items()}
+        return {
+            "max_error": max_error(full, ref),
+            # the step's loss metric is the mean over data-parallel ranks = the global batch's
+            "loss_error": ref_losses and max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "names_match": ref is None or sorted(full) == sorted(ref),
+            "placements": placements,
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "comm": comm,
+            "param_bytes": param_bytes(full),
+        }
+
+    return run
+
+
+def scenario_global_norm(world):
+    """dist.global_norm of sharded gradients equals the norm of the whole gradients."""
+    mesh = mesh_for(world)
+    gen = torch.Generator().manual_seed(3)
+    grads = {k: torch.randn(v.shape, generator=gen) for k, v in make("mlp").named_parameters()}
+    expected = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()])))
+    out = {}
+    for plan in ("ddp", "fsdp"):
+        model = make("mlp")
+        params = fplans.shard_params(
+            model, {k: v.detach() for k, v in model.named_parameters()}, mesh=mesh, plan=plan
+        )
+        sharded = {
+            k: torch.distributed.tensor.distribute_tensor(grads[k], mesh, params[k].placements)
+            for k in grads
+        }
+        out[plan] = {
+            "dist": float(fdist.global_norm(sharded)),
+            "optim": float(functrain.optim.global_norm(sharded)),
+        }
+    return {"expected": expected, "norms": out}
+
+
+def scenario_microbatch(world):
+    """Accumulating microbatch gradients locally: one reduction per bucket for the whole batch."""
+    mesh = mesh_for(world)
+    rank, _ = fdist.data_parallel_info()
+    batch = rank_slice(batches("mlp", 1, size=4 * world)[0], rank, world)
+    out = {}
+    for plan in ("ddp", "fsdp"):
+        model = make("mlp")
+        params = fplans.shard_params(
+            model, {k: v.detach() for k, v in model.named_parameters()}, mesh=mesh, plan=plan
+        )
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+
+        def objective(index, model=model):
+            def run(tensors):
+                x, y = batch[0][index * 2 : index * 2 + 2], batch[1][index * 2 : index * 2 + 2]
+                logits = torch.func.functional_call(model, tensors, (x,))
+                return F.cross_entropy(logits, y) * 0.5, None
+
+            return run
+
+        fdist.COUNTER.reset()
+        grads, _ = fcompute.accumulate_grads(leaves, [objective(0), objective(1)])
+        calls = dict(fdist.COUNTER.calls)
+        grads = fdist.finalize_grads(dict(zip(leaves, grads)), params)
+        # the same gradients from the whole local batch in one pass
+        leaves2 = {k: v.detach().requires_grad_() for k, v in params.items()}
+        compute = fdist.gather_params(leaves2)
+        whole = F.cross_entropy(torch.func.functional_call(model, compute, (batch[0],)), batch[1])
+        expected = torch.autograd.grad(whole, list(leaves2.values()))
+        err = max(
+            float((g.full_tensor() - e.full_tensor()).abs().max())
+            for g, e in zip(grads.values(), expected)
+        )
+        out[plan] = {"calls": calls, "max_error": err}
+    return out
+
+
+def scenario_mixed_precision(world):
+    """fsdp(param_dtype=bf16, reduce_dtype=fp32): bf16 on the wire forward, fp32 gradients."""
+    ref, _ = on_rank0(reference, "mlp") or (None, None)
+    mesh = mesh_for(world)
+    plan = fplans.fsdp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    state, losses, comm = train("mlp", mesh, plan)
+    full = fdist.full_params(state.params)
+    return {
+        "max_error": max_error(full, ref),
+        "param_dtypes": sorted({str(v.dtype) for v in state.params.values()}),
+        "comm": comm,
+        "finite": all(math.isfinite(x) for x in losses),
+    }
+
+
+def scenario_meta_init(world):
+    """A model built on the meta device: no rank holds it whole, values independent of the mesh."""
+    mesh = mesh_for(world)
+    with torch.device("meta"):
+        model = MLP()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    placed = fplans.shard_params(model, params, mesh=mesh, plan="fsdp", seed=5)
+    full = fdist.full_params(placed)
+    # the same modules materialised whole on one process with the same seed
+    with torch.device("meta"):
+        whole = MLP()
+    for name, module in whole.named_modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            fplans._materialize(module, name, torch.device("cpu"), 5)
+    expected = dict(whole.named_parameters())
+    local_numel = sum(v.to_local().numel() for v in placed.values())
+    with torch.device("meta"):
+        model2 = MLP()
+    state = functrain.init(model2, optimizer(), seed=5, mesh=mesh, plan="fsdp")
+    return {
+        "max_error": max_error(full, {k: v.detach() for k, v in expected.items()}),
+        "local_numel": local_numel,
+        "total_numel": sum(v.numel() for v in expected.values()),
+        "model_params_are_state": all(
+            p.to_local().data_ptr() == state.params[k].to_local().data_ptr()
+            for k, p in model2.named_parameters()
+        ),
+    }
+
+
+def scenario_buffers_and_eval(world):
+    """call_model (evaluation) works under fsdp and gives the single-process outputs."""
+    mesh = mesh_for(world)
+    fdist.set_current_mesh(None)
+    ref_model = make("mlp")
+    x = batches("mlp", 1)[0][0]
+    expected = ref_model(x).detach()
+    fdist.set_current_mesh(mesh)
+    model = make("mlp")
+    state = functrain.init(model, optimizer(), seed=0, mesh=mesh, plan="fsdp")
+    step = functrain.make_step(model, classify_loss, optimizer())
+    out = step.pieces.call_model(state, x)
+    return {"max_error": float((out - expected).abs().max())}
+
+
+def scenarios_for(world: int) -> dict:
+    """The scenarios each world size runs (2 ranks: the broad set; 4: the 2-D meshes)."""
+    if world == 4:
+        return {
+            "ddp": scenario_plan("mlp", "ddp"),
+            "fsdp": scenario_plan("mlp", "fsdp"),  # a 5-wide bias on 4 ranks: one empty shard
+            "hsdp": scenario_plan("mlp", "hsdp", dp_replicate=2),
+            "tp_fsdp": scenario_plan("gpt", "tp+fsdp", tp=2),
+            "global_norm": scenario_global_norm,
+        }
+    return {
+        "ddp": scenario_plan("mlp", "ddp"),
+        "fsdp": scenario_plan("mlp", "fsdp"),
+        "tied_ddp": scenario_plan("tied", "ddp"),
+        "tied_fsdp": scenario_plan("tied", "fsdp"),
+        "tp": scenario_plan("gpt", "tp", tp=2),
+        "global_norm": scenario_global_norm,
+        "microbatch": scenario_microbatch,
+        "mixed_precision": scenario_mixed_precision,
+        "meta_init": scenario_meta_init,
+        "eval": scenario_buffers_and_eval,
+    }
+
+
+def run_all(world: int, only: list[str] | None = None) -> dict:
+    """Run the scenarios for `world` ranks on this rank: `{name: result}`.
+
+    An exception ends the rank (the launcher then stops the others): carrying on would leave the
+    ranks in different collectives.
+    """
+    fdist.init_distributed(timeout_s=120)  # no-op when the process group exists
+    results = {}
+    for name, fn in scenarios_for(world).items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        results[name] = fn(world)
+        results[name]["seconds"] = round(time.perf_counter() - start, 2)
+    fdist.set_current_mesh(None)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args(argv)
+    rank, world = fdist.init_distributed(timeout_s=120)
+    if world != args.world:
+        raise SystemExit(f"expected {args.world} ranks, got {world}")
+    results = run_all(world, args.only)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    fdist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Real multi-process runs on gloo: N ranks must match one process on the same global batch.
+
+Each world size is one launch of tests/dist/dist_worker.py through `python -m functrain.launch`
+(so the launcher is exercised too); the tests below read its results. When pytest itself runs
+as a rank (`python -m functrain.launch -n 2 -m pytest tests/dist`), the scenarios for that world
+size run in-process instead and the others skip.
+"""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+from dist_launching import HERE, launch, launched_world
+
+TOLERANCE = 1e-5
+_results: dict[int, dict] = {}
+
+pytestmark = pytest.mark.slow
+
+
+def results(world: int, tmp_path_factory) -> dict:
+    if world in _results:
+        return _results[world]
+    outer = launched_world()
+    if outer is not None:
+        if outer != world:
+            pytest.skip(f"needs {world} ranks; this run has {outer}")
+        sys.path.insert(0, HERE)
+        import dist_worker
+
+        _results[world] = dist_worker.run_all(world)
+        return _results[world]
+    out = tmp_path_factory.mktemp(f"world{world}") / "results.json"
+    proc = launch(
+        world, [os.path.join(HERE, "dist_worker.py"), "--out", str(out), "--world", str(world)]
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"{world}-rank run failed:\n{proc.stderr[-6000:]}")
+    _results[world] = json.loads(out.read_text())
+    return _results[world]
+
+
+def close(value, tolerance=TOLERANCE):
+    """`value` within tolerance; None (a rank other than 0, which has no reference) passes."""
+    return value is None or value <= tolerance
+
+
+PLANS = [
+    (2, "ddp"),
+    (2, "fsdp"),
+    (2, "tied_ddp"),
+    (2, "tied_fsdp"),
+    (2, "tp"),
+    (4, "ddp"),
+    (4, "fsdp"),
+    (4, "hsdp"),
+    (4, "tp_fsdp"),
+]
+
+
+@pytest.mark.parametrize("world, scenario", PLANS)
+def test_n_ranks_match_one_process(world, scenario, tmp_path_factory):
+    result = results(world, tmp_path_factory)[scenario]
+    assert result["names_match"]
+    assert close(result["max_error"]), (
+        f"{scenario} on {world} ranks: max error {result['max_error']}"
+    )
+    assert close(result["loss_error"]), f"loss metric differs by {result['loss_error']}"
+    assert result["loss_last"] < result["loss_first"]  # it trained
+
+
+def test_tensor_parallel_block_costs_four_all_reduces(tmp_path_factory):
+    """Per block and step: one shared f for q/k/v, one for fc1 (backward), two g's (forward)."""
+    assert results(2, tmp_path_factory)["tp"]["comm"]["calls"] == {"all_reduce": 4 * 20}
+
+
+def test_placements_of_the_2d_plans(tmp_path_factory):
+    placements = results(4, tmp_path_factory)["tp_fsdp"]["placements"]
+    assert placements["blocks.0.attn.q.weight"] == ["R", "S(1)", "S(0)"]  # TP rows, FSDP cols
+    assert placements["blocks.0.attn.o_proj.weight"] == ["R", "S(0)", "S(1)"]
+    assert placements["blocks.0.attn.q.bias"] == ["R", "R", "S(0)"]
+    assert placements["tok.weight"] == ["R", "S(0)", "R"]  # tied head: FSDP only
+    hsdp = results(4, tmp_path_factory)["hsdp"]["placements"]
+    assert hsdp["fc1.weight"] == ["R", "S(0)", "R"]
+
+
+def _padded_bytes(result_world: int, shapes: dict) -> int:
+    total = 0
+    for shape in shapes.values():
+        rows = -(-shape[0] // result_world) * result_world
+        total += rows * math.prod(shape[1:]) * 4
+    return total
+
+
+MLP_SHAPES = {"fc1.weight": (13, 7), "fc1.bias": (13,), "fc2.weight": (5, 13), "fc2.bias": (5,)}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_bytes_communicated_match_the_plan(world, tmp_path_factory):
+    """Counted traffic per step equals the theoretical volume of each plan exactly."""
+    res = results(world, tmp_path_factory)
+    steps, n = 20, world
+    ddp = res["ddp"]["comm"]
+    params = res["ddp"]["param_bytes"]
+    assert ddp["calls"] == {"all_reduce": 2 * steps}  # one gradient bucket + the loss, per step
+    assert ddp["payload_bytes"]["all_reduce"] == steps * (params + 4)
+    fsdp = res["fsdp"]["comm"]
+    padded = _padded_bytes(n, MLP_SHAPES)  # uneven shards travel padded
+    assert fsdp["calls"] == {"all_gather": steps, "reduce_scatter": steps, "all_reduce": steps}
+    assert fsdp["payload_bytes"]["all_gather"] == steps * padded
+    assert fsdp["payload_bytes"]["reduce_scatter"] == steps * padded
+    expected = steps * (2 * padded * (n - 1) / n + 2 * 4 * (n - 1) / n)
+    assert fsdp["sent_bytes"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_global_norm_is_the_unsharded_norm(world, tmp_path_factory):
+    res = results(world, tmp_path_factory)["global_norm"]
+    for plan, norms in res["norms"].items():
+        for who, value in norms.items():
+            assert value == pytest.approx(res["expected"], rel=1e-6), (plan, who)
+
+
+def test_microbatches_reduce_once(tmp_path_factory):
+    res = results(2, tmp_path_factory)["microbatch"]
+    assert res["ddp"]["calls"] == {"all_reduce": 1}
+    assert res["fsdp"]["calls"] == {"all_gather": 1, "reduce_scatter": 1}
+    assert res["ddp"]["max_error"] < 1e-6 and res["fsdp"]["max_error"] < 1e-6
+
+
+def test_mixed_precision_gathers_bf16_reduces_fp32(tmp_path_factory):
+    res = results(2, tmp_path_factory)["mixed_precision"]
+    assert res["finite"] and res["param_dtypes"] == ["torch.float32"]
+    payload = res["comm"]["payload_bytes"]
+    assert payload["all_gather"] * 2 == payload["reduce_scatter"]
+    assert close(res["max_error"], 5e-3)  # bf16 compute vs the fp32 reference
+
+
+def test_meta_init_is_sharded_and_mesh_independent(tmp_path_factory):
+    res = results(2, tmp_path_factory)["meta_init"]
+    assert res["max_error"] == 0.0
+    assert res["local_numel"] < res["total_numel"]
+    assert res["model_params_are_state"]
+
+
+def test_call_model_under_fsdp(tmp_path_factory):
+    assert results(2, tmp_path_factory)["eval"]["max_error"] < 1e-6

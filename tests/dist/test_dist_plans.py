@@ -1,0 +1,264 @@
+"""Sharding plans: placement rules (on a stand-in mesh) and shard_params on a one-process mesh."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+import functrain
+from functrain import dist as fdist
+from functrain.dist import plans
+
+
+class FakeMesh:
+    """Only what the placement rules read: sizes and this rank's coordinates."""
+
+    def __init__(self, dp_replicate=1, dp_shard=1, tp=1, coords=(0, 0, 0)):
+        self.sizes = (dp_replicate, dp_shard, tp)
+        self.coords = coords
+
+    def size(self, dim=None):
+        return self.sizes[dim]
+
+    def get_local_rank(self, dim):
+        return self.coords[dim]
+
+
+def test_resolve_plan_by_name_and_errors():
+    assert plans.resolve_plan("FSDP").shard and not plans.resolve_plan("ddp").shard
+    assert plans.resolve_plan("tp+fsdp").tp == "auto" and plans.resolve_plan("tp+fsdp").shard
+    assert plans.resolve_plan(None).name == "ddp"
+    custom = plans.fsdp(param_dtype=torch.bfloat16)
+    assert plans.resolve_plan(custom) is custom
+    with pytest.raises(ValueError, match="unknown sharding plan 'zero3'"):
+        plans.resolve_plan("zero3")
+
+
+@pytest.mark.parametrize(
+    "plan, style, attr, shape, mesh, expected",
+    [
+        (
+            "ddp",
+            None,
+            "weight",
+            (4, 3),
+            FakeMesh(dp_shard=4),
+            (Replicate(), Replicate(), Replicate()),
+        ),
+        (
+            "fsdp",
+            None,
+            "weight",
+            (4, 3),
+            FakeMesh(dp_shard=4),
+            (Replicate(), Shard(0), Replicate()),
+        ),
+        (
+            "fsdp",
+            None,
+            "weight",
+            (4, 3),
+            FakeMesh(dp_shard=1),
+            (Replicate(), Replicate(), Replicate()),
+        ),
+        ("hsdp", None, "bias", (5,), FakeMesh(2, 2), (Replicate(), Shard(0), Replicate())),
+        ("fsdp", None, "scale", (), FakeMesh(dp_shard=2), (Replicate(), Replicate(), Replicate())),
+        ("tp", "colwise", "weight", (8, 4), FakeMesh(tp=2), (Replicate(), Replicate(), Shard(0))),
+        ("tp", "rowwise", "weight", (4, 8), FakeMesh(tp=2), (Replicate(), Replicate(), Shard(1))),
+        ("tp", "rowwise", "bias", (4,), FakeMesh(tp=2), (Replicate(), Replicate(), Replicate())),
+        # tp+fsdp: FSDP takes a dim TP leaves whole; a 1-D TP-sharded bias stays replicated
+        (
+            "tp+fsdp",
+            "colwise",
+            "weight",
+            (8, 4),
+            FakeMesh(dp_shard=2, tp=2),
+            (Replicate(), Shard(1), Shard(0)),
+        ),
+        (
+            "tp+fsdp",
+            "rowwise",
+            "weight",
+            (4, 8),
+            FakeMesh(dp_shard=2, tp=2),
+            (Replicate(), Shard(0), Shard(1)),
+        ),
+        (
+            "tp+fsdp",
+            "colwise",
+            "bias",
+            (8,),
+            FakeMesh(dp_shard=2, tp=2),
+            (Replicate(), Replicate(), Shard(0)),
+        ),
+    ],
+)
+def test_param_placements(plan, style, attr, shape, mesh, expected):
+    placements = plans.param_placements("p", shape, style, attr, mesh, plans.resolve_plan(plan))
+    assert placements == expected
+
+
+def test_local_piece_matches_dtensor_chunks():
+    full = torch.arange(10.0).view(5, 2)
+    pieces = [
+        plans.local_piece(
+            full, FakeMesh(dp_shard=4, coords=(0, r, 0)), (Replicate(), Shard(0), Replicate())
+        )
+        for r in range(4)
+    ]
+    assert [p.shape[0] for p in pieces] == [2, 2, 1, 0]
+    assert torch.equal(torch.cat(pieces), full)
+
+
+class Tied(nn.Module):
+    def __init__(self, freeze=False):
+        super().__init__()
+        self.embed = nn.Embedding(6, 4)
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 4)
+        self.head = nn.Linear(4, 6, bias=False)
+        self.head.weight = self.embed.weight
+        self.fc2.bias.requires_grad_(not freeze)
+
+    def forward(self, tokens):
+        return self.head(self.fc2(F.relu(self.fc1(self.embed(tokens)))))
+
+
+def _loss(model, batch):
+    tokens, targets = batch
+    return F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+
+
+@pytest.mark.parametrize("plan", ["ddp", "fsdp", "tp+fsdp"])
+def test_shard_params_puts_the_same_dtensors_in_the_model(mesh1, plan):
+    torch.manual_seed(0)
+    model = Tied(freeze=True)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    state = functrain.init(model, functrain.optim.sgd(0.1), seed=0, mesh=mesh1, plan=plan)
+    assert list(state.params) == list(before)
+    for name, param in model.named_parameters():
+        assert (
+            isinstance(param, DTensor)
+            and param.to_local().data_ptr() == state.params[name].to_local().data_ptr()
+        )
+        assert torch.equal(param.full_tensor(), before[name])
+    assert model.head.weight is model.embed.weight  # still tied
+    assert not model.fc2.bias.requires_grad
+    if plan == "tp+fsdp":
+        assert (
+            model.fc1._functrain_tp_style == "colwise"
+            and model.fc2._functrain_tp_style == "rowwise"
+        )
+
+
+def _train_both_ways(mesh1, freeze, **step_options):
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randint(0, 6, (4, 3), generator=gen), torch.randint(0, 6, (4, 3), generator=gen))
+        for _ in range(3)
+    ]
+    results = []
+    for mesh, plan in ((None, None), (mesh1, "fsdp")):
+        fdist.set_current_mesh(mesh)
+        torch.manual_seed(0)
+        model = Tied(freeze)
+        opt = functrain.optim.adamw(1e-2)
+        state = functrain.init(model, opt, seed=0, mesh=mesh, plan=plan)
+        step = functrain.make_step(model, _loss, opt, **step_options)
+        for batch in batches:
+            state, _ = step(state, batch)
+        results.append(fdist.full_params(state.params))
+    for name in results[0]:
+        torch.testing.assert_close(results[1][name], results[0][name], rtol=0, atol=1e-6)
+
+
+def test_one_process_mesh_trains_like_no_mesh(mesh1):
+    _train_both_ways(mesh1, freeze=False)
+
+
+def test_one_process_mesh_with_microbatches(mesh1):
+    _train_both_ways(mesh1, freeze=False, microbatch_size=2)
+
+
+def test_frozen_sharded_params_are_gathered_too(mesh1):
+    _train_both_ways(mesh1, freeze=True)
+
+
+def test_plan_without_mesh_is_an_error():
+    with pytest.raises(ValueError, match="needs a mesh"):
+        plans.shard_params(nn.Linear(2, 2), {}, mesh=None, plan="fsdp")
+
+
+def test_tp_errors_name_the_layer(mesh1):
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Conv1d(2, 2, 1)
+            self.fc2 = nn.Linear(2, 2)
+
+    model = Odd()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    with pytest.raises(TypeError, match="'fc1' is Conv1d"):
+        plans.shard_params(model, params, mesh=mesh1, plan=plans.tp({"fc1": "colwise"}))
+    tied = Tied()
+    params = {k: v.detach() for k, v in tied.named_parameters()}
+    with pytest.raises(ValueError, match="tied"):
+        plans.shard_params(tied, params, mesh=mesh1, plan=plans.tp({"head": "colwise"}))
+
+
+class NoReset(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(3))
+
+
+def test_meta_model_materialises_per_module_from_the_seed(mesh1):
+    def build():
+        with torch.device("meta"):
+            return Tied()
+
+    def placed(seed):
+        model = build()
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        return fdist.full_params(
+            plans.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=seed)
+        )
+
+    a, b, c = placed(3), placed(3), placed(4)
+    assert all(not v.is_meta for v in a.values())
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["fc1.weight"], c["fc1.weight"])
+    model = nn.Sequential(NoReset())
+    with torch.device("meta"):
+        model = nn.Sequential(NoReset())
+    with pytest.raises(ValueError, match="no reset_parameters"):
+        plans.shard_params(model, {"0.w": model[0].w}, mesh=mesh1, plan="ddp")
+
+    class MaskOnly(nn.Module):  # a buffer computed in __init__ is lost on the meta device
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mask", torch.ones(3, 3).tril())
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(2, 2), MaskOnly())
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    with pytest.raises(ValueError, match="parameters or buffers"):
+        plans.shard_params(model, params, mesh=mesh1, plan="ddp")
+
+
+def test_param_dtype_casts_inputs_and_computes_in_it(mesh1):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    opt = functrain.optim.sgd(0.1)
+    plan = plans.fsdp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    state = functrain.init(model, opt, seed=0, mesh=mesh1, plan=plan)
+    step = functrain.make_step(model, lambda m, b: F.mse_loss(m(b[0]).float(), b[1]), opt)
+    out = step.pieces.call_model(state, torch.randn(5, 3))
+    assert out.dtype == torch.bfloat16
+    state, metrics = step(state, (torch.randn(5, 3), torch.randn(5, 2)))
+    assert all(v.dtype == torch.float32 for v in state.params.values())
+    assert torch.isfinite(metrics["loss"])
+    # a later plan without param_dtype removes the cast
+    functrain.init(model, opt, seed=0, mesh=mesh1, plan="fsdp")
+    assert model._functrain_input_cast is None
