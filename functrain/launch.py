@@ -86,7 +86,7 @@ def torchrun_argv(opts: argparse.Namespace) -> list[str]:
 _SECONDARY = (
     "Connection closed by peer",
     "Connection reset by peer",
-    "remote worker crashing",
+    "remote worker",  # gloo: "... remote worker crashing" / "check the logs of the remote worker"
     "Broken pipe",
     "NCCL communicator was aborted",
     "DistNetworkError",
