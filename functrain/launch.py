@@ -110,7 +110,12 @@ def root_failure(failures: dict) -> int:
     """
 
     def secondary(failure) -> bool:
-        return failure.exitcode in (-15, -9) or any(s in _message(failure) for s in _SECONDARY)
+        message = _message(failure)
+        if any(s in message for s in _SECONDARY):
+            return True
+        # Killed by the launcher while tearing down, with no error of its own recorded. (A rank
+        # that raised and was then killed keeps its message, so it stays primary.)
+        return failure.exitcode in (-15, -9) and (not message or "To enable traceback" in message)
 
     primary = {r: f for r, f in failures.items() if not secondary(f)}
     pool = primary or failures
