@@ -13,9 +13,13 @@ from . import (
     algorithms,
     callbacks,
     checkpoint,
+    data,
     dist,
+    events,
     functional,
     loggers,
+    loop,
+    metrics,
     models,
     optim,
     recipes,
@@ -25,7 +29,9 @@ from . import (
 )
 from .algorithms import apply_surgery
 from .compile import CompiledStep, compile_step
+from .events import CallbackError, Context, Event
 from .export import export
+from .loop import StepError, evaluate, fit, predict
 from .rng import RngState, key_for
 from .state import TrainState, init
 from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
@@ -35,10 +41,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Algorithm",
+    "CallbackError",
     "CompiledStep",
+    "Context",
+    "Event",
     "GradResult",
     "RngState",
     "Step",
+    "StepError",
     "StepPieces",
     "Time",
     "TimeUnit",
@@ -50,15 +60,22 @@ __all__ = [
     "checkpoint",
     "compile_step",
     "compose",
+    "data",
     "dist",
+    "evaluate",
+    "events",
     "export",
+    "fit",
     "functional",
     "init",
     "key_for",
     "loggers",
+    "loop",
     "make_step",
+    "metrics",
     "models",
     "optim",
+    "predict",
     "recipes",
     "rng",
     "schedules",

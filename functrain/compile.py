@@ -38,6 +38,7 @@ class CompiledStep:
             raise ValueError("compile_step needs a fixed microbatch_size, not 'auto'")
         self.step = step
         self.pieces = step.pieces
+        self.compile_options = dict(compile_options)
         # The compiled core is the step minus `prepare`: data-side transforms draw their random
         # choices on the host (keys from hashing), which would break the graph.
         self._core_step = copy.copy(step)
@@ -46,7 +47,7 @@ class CompiledStep:
 
     def with_options(self, **changes) -> CompiledStep:
         """The same compiled step with some `StepConfig` options changed."""
-        return CompiledStep(self.step.with_options(**changes))
+        return CompiledStep(self.step.with_options(**changes), **self.compile_options)
 
     def _core(self, state: TrainState, batch: Any):
         return Step.__call__(self._core_step, state, batch)

@@ -134,6 +134,23 @@ def evaluate(value: float | Callable[[Any], float], count: int, extra: Mapping[s
     return float(value)
 
 
+def start_value(value: float | Callable[[Any], float]) -> float:
+    """A hyperparameter's value at time 0, for an optimizer's `init`.
+
+    A schedule in epoch or duration units cannot resolve without the run's horizon, which `init`
+    does not know yet; at time 0 its value does not depend on the horizon, so it is evaluated on
+    a placeholder one.
+    """
+    if not callable(value):
+        return float(value)
+    try:
+        return float(value(0))  # plain callables of the step count, and batch-unit schedules
+    except ValueError:  # a horizon is needed: functrain schedules in epoch or duration units
+        from ..time import Timestamp
+
+        return float(value(Timestamp(batches_per_epoch=1, max_batches=1)))
+
+
 def check_number(
     name: str,
     value: Any,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..tree import tree_flatten
-from ._foreach import evaluate
+from ._foreach import evaluate, start_value
 from .base import Transform
 
 LR_NAMES = ("lr", "learning_rate")
@@ -74,7 +74,7 @@ def inject_hyperparams(
             return {k: evaluate(v, count, extra) for k, v in dynamic.items()}
 
         def init(params):
-            values = values_at(0, {})
+            values = {k: start_value(v) for k, v in dynamic.items()}
             return InjectHyperparamsState(0, values, factory(**static, **values).init(params))
 
         def structure_error(values):

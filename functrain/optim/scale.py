@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_unflatten
-from ._foreach import check_number, donating, evaluate, fe, flatten, params_like
+from ._foreach import check_number, donating, evaluate, fe, flatten, params_like, start_value
 from .base import EmptyState, Transform
 
 ScalarOrSchedule = float | Callable[[Any], float]
@@ -70,7 +70,7 @@ def scale_by_learning_rate(lr: ScalarOrSchedule, *, flip_sign: bool = True) -> T
 
     def init(params):
         del params
-        return ScaleByLearningRateState(count=0, lr=evaluate(lr, 0, {}))
+        return ScaleByLearningRateState(count=0, lr=start_value(lr))
 
     @torch.no_grad()
     def update(grads, state, params=None, **extra):

@@ -105,3 +105,25 @@ def test_current_lr_finds_nested_and_absent():
     assert current_lr(clip_by_global_norm(1.0).init(params)) is None
     # A parameter named "lr" is not mistaken for a learning rate.
     assert current_lr(chain(clip_by_global_norm(1.0)).init({"lr": torch.zeros(1)})) is None
+
+
+def test_schedules_in_epoch_and_duration_units_initialise_without_a_horizon():
+    # init runs before fit knows the run's length; the value at time 0 needs no horizon.
+    from functrain import schedules
+    from functrain.optim import adamw, inject_hyperparams
+    from functrain.time import Timestamp
+
+    params = {"w": torch.zeros(2)}
+    lr = 1e-3 * schedules.cosine_annealing_with_warmup(t_warmup="1ep", t_max="1dur")
+    opt = adamw(lr=lr)
+    state = opt.init(params)
+    assert current_lr(state) == 0.0
+    _, state = opt.update(
+        {"w": torch.ones(2)},
+        state,
+        params,
+        time=Timestamp(batch=5, batches_per_epoch=10, max_batches=100),
+    )
+    assert current_lr(state) == pytest.approx(0.5e-3)
+    injected = inject_hyperparams(adamw)(lr=1e-3 * schedules.cosine_annealing(t_max="1dur"))
+    assert current_lr(injected.init(params)) == pytest.approx(1e-3)

@@ -1,0 +1,117 @@
+"""A small CNN on scikit-learn's handwritten digits: about 98% test accuracy in a few seconds.
+
+    python examples/digits_cnn.py                            # one process
+    python examples/digits_cnn.py --run-dir runs/digits      # checkpoints; rerun to resume
+    python -m functrain.launch -n 2 examples/digits_cnn.py   # two processes, the same run
+
+The data (1,797 8x8 images) ships with scikit-learn, so nothing is downloaded. The script is the
+whole recipe: a model, a loss, an optimizer with a schedule, `functrain.init`, `make_step`, and
+`fit` with evaluation, a progress bar and (with --run-dir) auto-resuming checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import functrain
+from functrain import datasets, schedules
+from functrain.data import Loader
+from functrain.loop import evaluate, fit
+
+
+def build_model(width: int = 16) -> nn.Module:
+    """Three 3x3 conv layers with BatchNorm, two poolings, a linear head (8.5k parameters)."""
+    return nn.Sequential(
+        nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * width * 2 * 2, 10),
+    )  # fmt: skip
+
+
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    """Cross-entropy of the model's logits on an `(images, labels)` batch."""
+    images, labels = batch
+    return F.cross_entropy(model(images), labels)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-dir", default=None, help="checkpoints here; a rerun resumes")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--quick", action="store_true", help="one epoch (a smoke test)")
+    return parser.parse_args(argv)
+
+
+def setup_distributed():
+    """A data-parallel mesh under `functrain.launch` / torchrun, else None (one process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return functrain.dist.init_mesh()
+    return None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    mesh = setup_distributed()
+    split = datasets.digits(seed=0)
+    train = Loader(split.train, args.batch_size, seed=args.seed)
+    test = Loader(split.test, 512, shuffle=False, drop_last=False)
+
+    torch.manual_seed(args.seed)  # the initial weights
+    model = build_model()
+    lr = args.lr * schedules.cosine_annealing_with_warmup(t_warmup="10ba")
+    optimizer = functrain.optim.adamw(lr=lr, weight_decay=1e-4)
+    state = functrain.init(model, optimizer, seed=args.seed, mesh=mesh,
+                           plan="ddp" if mesh is not None else None)  # fmt: skip
+    step = functrain.make_step(model, loss_fn, optimizer)
+
+    from functrain.loggers import ConsoleLogger, ProgressBar
+
+    checkpoints = None
+    if args.run_dir:
+        from functrain.checkpoint import Manager
+
+        checkpoints = Manager(os.path.join(args.run_dir, "checkpoints"), every="1ep", keep_last=2)
+    try:
+        state = fit(
+            step,
+            state,
+            train,
+            duration=f"{1 if args.quick else args.epochs}ep",
+            eval_data=test,
+            eval_metrics=["accuracy"],
+            loggers=[ProgressBar(), ConsoleLogger()],
+            log_interval="1ep",
+            checkpoints=checkpoints,
+            autoresume=checkpoints is not None,
+            run_dir=args.run_dir,
+        )
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
+    results = evaluate(step, state, test, metrics=["accuracy"])
+    rank, _ = functrain.dist.data_parallel_info()
+    if rank == 0:
+        print(
+            f"digits: test accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f} "
+            f"after {state.timestamp.epoch} epochs ({state.step} steps)"
+        )
+    return {**results, "state": state}
+
+
+if __name__ == "__main__":
+    main()

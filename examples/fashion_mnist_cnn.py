@@ -1,0 +1,111 @@
+"""A LeNet-style CNN on Fashion-MNIST: over 90% test accuracy in 3 epochs on a CPU.
+
+    apt-get install dataset-fashion-mnist            # Debian/Ubuntu: the data, 30 MB
+    python examples/fashion_mnist_cnn.py --run-dir runs/fashion   # rerun to resume
+    python -m functrain.launch -n 2 examples/fashion_mnist_cnn.py
+
+The images come from Debian's `dataset-fashion-mnist` package (IDX files under
+/usr/share/datasets/fashion-mnist); the script says how to install it when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Subset
+
+import functrain
+from functrain import datasets, schedules
+from functrain.data import Loader
+from functrain.loop import evaluate, fit
+
+
+def build_model() -> nn.Module:
+    """Two 5x5 conv blocks with BatchNorm and pooling, then a 128-unit hidden layer (220k params)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 5, padding=2), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 128), nn.ReLU(),
+        nn.Linear(128, 10),
+    )  # fmt: skip
+
+
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    images, labels = batch
+    return F.cross_entropy(model(images), labels)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=float, default=3)
+    parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-dir", default=None, help="checkpoints here; a rerun resumes")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--quick", action="store_true", help="30 steps, 1,000 test images")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        split = datasets.fashion_mnist()
+    except datasets.DatasetNotFound as error:
+        sys.exit(f"fashion_mnist_cnn: {error}")
+    mesh = functrain.dist.init_mesh() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    test_set = Subset(split.test, range(1000)) if args.quick else split.test
+    train = Loader(split.train, args.batch_size, seed=args.seed)
+    test = Loader(test_set, 1000, shuffle=False, drop_last=False)
+
+    torch.manual_seed(args.seed)
+    model = build_model()
+    lr = args.lr * schedules.cosine_annealing_with_warmup(t_warmup="50ba")
+    optimizer = functrain.optim.adamw(lr=lr, weight_decay=1e-4)
+    state = functrain.init(model, optimizer, seed=args.seed, mesh=mesh,
+                           plan="ddp" if mesh is not None else None)  # fmt: skip
+    step = functrain.make_step(model, loss_fn, optimizer)
+
+    from functrain.loggers import ConsoleLogger, ProgressBar
+
+    checkpoints = None
+    if args.run_dir:
+        from functrain.checkpoint import Manager
+
+        path = os.path.join(args.run_dir, "checkpoints")
+        checkpoints = Manager(path, every="200ba", keep_last=2)
+    try:
+        state = fit(
+            step,
+            state,
+            train,
+            duration="30ba" if args.quick else f"{args.epochs}ep",
+            eval_data=test,
+            eval_metrics=["accuracy"],
+            loggers=[ProgressBar(), ConsoleLogger(interval="100ba")],
+            checkpoints=checkpoints,
+            autoresume=checkpoints is not None,
+            run_dir=args.run_dir,
+        )
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
+    results = evaluate(step, state, test, metrics=["accuracy"])
+    if functrain.dist.data_parallel_info()[0] == 0:
+        print(
+            f"fashion-mnist: test accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f} "
+            f"after {state.step} steps"
+        )
+    return {**results, "state": state}
+
+
+if __name__ == "__main__":
+    main()

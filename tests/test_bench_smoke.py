@@ -1,0 +1,97 @@
+"""Smoke test of the benchmark entry point `python -m bench`: it runs and writes well-formed JSON.
+
+Minimal sizes and repetitions; no timing thresholds (speed is measured in bench/, never asserted).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ["torch", "torch_fused", "functrain", "functrain_fit", "lightning"]
+# 64*128 + 128 + 128*128 + 128 + 128*10 + 10 float32 parameters of the tiny MLP
+TINY_MLP_PARAMETER_BYTES = 4 * (64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10)
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def check_variant_entry(entry: dict) -> None:
+    assert entry["status"] in ("ok", "skipped", "failed")
+    if entry["status"] != "ok":
+        assert entry["reason"]  # a missing peer or a failure always says why
+
+
+def test_overhead_suite_writes_json_with_medians_ratios_and_goals(tmp_path):
+    out = tmp_path / "overhead.json"
+    proc = run_bench(
+        "overhead",
+        "--models=tiny_mlp",
+        f"--variants={','.join(VARIANTS)}",
+        "--reps=2",
+        "--steps-scale=0.02",
+        "--warmup=1",
+        f"--out={out}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["suite"] == "overhead"
+    assert report["config"]["reps"] == 2 and report["config"]["clock"] == "cpu"
+    assert {"python", "torch", "cpu_count", "torch_threads"} <= set(report["environment"])
+    model = report["models"]["tiny_mlp"]
+    assert model["parameters"] * 4 == TINY_MLP_PARAMETER_BYTES
+    assert list(model["variants"]) == VARIANTS
+    for name, entry in model["variants"].items():
+        check_variant_entry(entry)
+        if name != "lightning":  # a peer may be missing from this environment
+            assert entry["status"] == "ok", entry
+        if entry["status"] == "ok":
+            assert len(entry["times_ms"]) == len(entry["ratios"]) == 2
+            assert entry["median_ms"] > 0 and entry["ratio"] > 0
+    # The floor is the hand-written loop with the lower median: its own ratios are exactly 1.
+    floor = model["baseline"]
+    assert floor in ("torch", "torch_fused")
+    assert model["variants"][floor]["ratios"] == [1.0, 1.0]
+    other = "torch" if floor == "torch_fused" else "torch_fused"
+    assert model["variants"][other]["median_ms"] >= model["variants"][floor]["median_ms"]
+    goal = next(g for g in report["goals"] if g["goal"] == "functrain time")
+    assert goal["limit"] == 1.05 and goal["met"] == (goal["value"] <= goal["limit"])
+    assert "| variant" in proc.stdout and "functrain_fit" in proc.stdout
+
+
+def test_memory_suite_counts_at_least_the_parameters(tmp_path):
+    out = tmp_path / "memory.json"
+    proc = run_bench(
+        "memory",
+        "--models=tiny_mlp",
+        "--variants=torch_fused,functrain",
+        "--warmup=1",
+        f"--out={out}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["suite"] == "memory" and "profiler" in report["method"]
+    for entry in report["models"]["tiny_mlp"]["variants"].values():
+        assert entry["status"] == "ok"
+        # parameters, their gradients and AdamW's two moments are all alive at the peak
+        assert entry["peak_bytes"] >= 4 * TINY_MLP_PARAMETER_BYTES
+        assert entry["peak_bytes"] >= entry["steady_bytes"] > 0
+
+
+def test_entry_point_rejects_unknown_suites_and_reports_missing_ones(monkeypatch, capsys):
+    proc = run_bench("no_such_suite")
+    assert proc.returncode == 2 and "unknown suite 'no_such_suite'" in proc.stderr
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench import __main__ as entry
+
+    monkeypatch.setitem(entry.SUITES, "absent", ("bench.absent_suite", "main"))
+    assert entry.run_suite("absent", []) == 3
+    assert "bench/absent_suite.py does not exist" in capsys.readouterr().err

