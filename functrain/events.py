@@ -37,9 +37,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 
@@ -177,35 +178,30 @@ class Context:
 
 def scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """`metrics` flattened to `{name: float}`: 0-d / one-element tensors and numbers are kept,
-    nested dicts become "outer/inner" names, anything else (outputs, None, strings) is dropped.
-    The tensors of each device reach the host in one transfer.
+    nested dicts become "outer/inner" names, anything else (outputs, None, strings, bools) is
+    dropped. The tensors of each device reach the host in one transfer (`loggers.to_floats`).
 
+    Args:
+        metrics: `{name: number | tensor | nested dict | ...}`.
+        prefix: prepended to every name.
+    Returns:
+        `{name: float}` in the order of `metrics`.
     Example:
         >>> scalar_metrics({"loss": torch.tensor(0.5), "n": {"a": 1}, "out": torch.zeros(3)})
         {'loss': 0.5, 'n/a': 1.0}
     """
-    flat: dict[str, float | None] = {}
-    pending: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    # Imported here: functrain.loggers imports the callbacks, which import this module.
+    from .loggers.base import to_floats
 
-    def walk(tree: dict[str, Any], prefix: str) -> None:
-        for name, value in tree.items():
-            key = f"{prefix}{name}"
-            if isinstance(value, dict):
-                walk(value, f"{key}/")
-            elif isinstance(value, torch.Tensor) and value.numel() == 1:
-                if hasattr(value, "full_tensor"):  # a DTensor scalar: its global value
-                    value = value.full_tensor()
-                flat[key] = None  # keeps the order; filled below
-                pending.setdefault(value.device, []).append((key, value.detach().reshape(())))
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                flat[key] = float(value)
+    def without_flags(tree: dict[str, Any]) -> dict[str, Any]:
+        # Flags (a bool such as "skipped") are not measurements; to_floats would keep them.
+        return {
+            k: without_flags(v) if isinstance(v, Mapping) else v
+            for k, v in tree.items()
+            if not isinstance(v, (bool, np.bool_))
+        }
 
-    walk(metrics, prefix)
-    for items in pending.values():
-        values = torch.stack([t.to(torch.float64) for _, t in items]).tolist()
-        for (key, _), number in zip(items, values):
-            flat[key] = number
-    return {k: v for k, v in flat.items() if v is not None}
+    return {f"{prefix}{k}": v for k, v in to_floats(without_flags(metrics)).items()}
 
 
 _TENSOR_TAG = "__tensor__"

@@ -1,5 +1,5 @@
-"""Tests of functrain.loop: fit (durations, continuation, resume, SIGTERM, bad input), evaluate
-and predict. Checkpoint logic runs against an in-memory manager; the subprocess tests at the end
+"""Tests of functrain.loop: fit (durations, continuation, resume, SIGTERM, logging, bad input);
+evaluate and predict are tested in test_evaluation.py. Checkpoint logic runs against an in-memory manager; the subprocess tests at the end
 kill real runs that save with functrain.checkpoint.Manager."""
 
 import os
@@ -14,7 +14,7 @@ from torch.utils.data import TensorDataset
 import functrain
 from functrain.data import Loader
 from functrain.events import CallbackError
-from functrain.loop import StepError, evaluate, fit, predict
+from functrain.loop import StepError, evaluate, fit
 from functrain.tree import tree_allclose, tree_clone
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -234,6 +234,34 @@ def test_eval_intervals_logging_and_several_eval_sets():
     assert logger.steps["eval/a/loss"] == [3, 6, 9, 12] == logger.steps["eval/b/loss"]
 
 
+def test_an_epoch_log_interval_logs_the_last_batch_of_each_epoch():
+    class Logger:
+        def __init__(self):
+            self.steps = []
+
+        def log_metrics(self, metrics, step):
+            self.steps.append((sorted(metrics), step))
+
+    class NoLength:  # its epoch length is learnt only when the first epoch runs out
+        def __init__(self, batches):
+            self.batches = batches
+
+        def __iter__(self):
+            return iter(self.batches)
+
+    batches = [(torch.ones(2, 1),) for _ in range(3)]
+    for data, interval, expected in [
+        (batches, "1ep", [3, 6, 9, 12]),
+        (NoLength(batches), "1ep", [3, 6, 9, 12]),
+        (NoLength(batches), "2ep", [6, 12]),
+        (Loader(TensorDataset(torch.ones(6, 1)), 2), "1ep", [3, 6, 9, 12]),
+    ]:
+        logger = Logger()
+        fit(count_step, fake_state(), data, duration="4ep", log_interval=interval,
+            loggers=[logger])  # fmt: skip
+        assert logger.steps == [(["train/loss"], step) for step in expected], (data, interval)
+
+
 def test_eval_state_fn_chooses_the_weights_evaluated():
     seen = []
 
@@ -253,39 +281,6 @@ def test_eval_state_fn_chooses_the_weights_evaluated():
     x, y = data.tensors
     assert seen == [6] and grab.loss == pytest.approx(float((y**2).mean()), rel=1e-5)
     assert not all(bool((v == 0).all()) for v in state.params.values())  # training untouched
-
-
-def test_evaluate_and_predict_with_a_step_and_a_module():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 3))
-    opt = functrain.optim.sgd(lr=0.1)
-    state = functrain.init(model, opt)
-
-    def ce_loss(model, batch):
-        return F.cross_entropy(model(batch[0]), batch[1])
-
-    step = functrain.make_step(model, ce_loss, opt)
-    gen = torch.Generator().manual_seed(1)
-    x, y = torch.randn(20, 4, generator=gen), torch.randint(0, 3, (20,), generator=gen)
-    data = Loader(TensorDataset(x, y), 6, shuffle=False, drop_last=False)
-    model.eval()
-    with torch.no_grad():
-        logits = model(x)
-    model.train()
-    expected = {
-        "loss": F.cross_entropy(logits, y).item(),
-        "accuracy": (logits.argmax(-1) == y).double().mean().item(),
-    }
-    by_step = evaluate(step, state, data, metrics=["accuracy"])
-    assert by_step == pytest.approx(expected, rel=1e-5)
-    by_module = evaluate(model, state, data, metrics=["accuracy"])
-    assert by_module == pytest.approx({"accuracy": expected["accuracy"]})
-    assert model.training  # the mode is restored after evaluation
-    outputs = predict(step, state, data)
-    assert torch.allclose(torch.cat(outputs), logits, atol=1e-6)
-    custom = evaluate(step, state, data, metrics={"acc": "accuracy"},
-                      eval_fn=lambda m, b: (m(b[0]), b[1]))  # fmt: skip
-    assert custom["acc"] == pytest.approx(expected["accuracy"])
 
 
 def test_fit_passes_batches_and_metrics_of_a_dict_batch_model():

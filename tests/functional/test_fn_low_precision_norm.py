@@ -28,7 +28,12 @@ def test_layernorm_is_exact_in_fp32_and_bf16_under_autocast(seed, width):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = new(x)
     assert low.dtype == torch.bfloat16
-    torch.testing.assert_close(low.float(), model(x), rtol=0.05, atol=0.05)
+    # Compare with fp32 LayerNorm of the same bf16 input: normalising few, nearly equal values
+    # amplifies the input's rounding, which is autocast's doing, not the norm's.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = model[0](x)
+    reference = model[1](hidden.float())
+    torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.05)
 
 
 @settings(max_examples=20, deadline=None)

@@ -1,0 +1,345 @@
+"""`evaluate` and `predict`: a state's params run over data without gradients, with callbacks.
+
+`fit` evaluates through the same `run_eval`, so a standalone evaluation and one inside a run
+report the same numbers. The model runs through `step.pieces.call_model` (a Step) or
+`torch.func.functional_call` (a plain module with a state's tensors), in eval mode, and one
+forward pass serves both the loss and the metrics.
+
+Example:
+    >>> metrics = evaluate(step, state, Loader(test_set, 512, shuffle=False, drop_last=False),
+    ...                    metrics=["accuracy"])
+    >>> logits = torch.cat(predict(step, state, Loader(test_set, 512, shuffle=False)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from .batching import to_device
+from .events import Context, Event, dispatch
+from .metrics import Mean, resolve_metrics
+from .state import TrainState
+
+__all__ = ["describe_batch", "evaluate", "predict"]
+
+
+def dp_info() -> tuple[int, int]:
+    """`(rank, world_size)` of data parallelism (`(0, 1)` without torch.distributed)."""
+    from .dist.compute import data_parallel_info
+
+    return data_parallel_info()
+
+
+def state_device(state: TrainState) -> torch.device | None:
+    """The device batches go to: the params' device when it is not the CPU, else None."""
+    for tensor in state.params.values():
+        device = tensor.device
+        return None if device.type == "cpu" else device
+    return None
+
+
+def describe_batch(batch: Any) -> str:
+    """A short description of a batch's structure ("tuple of 2: Tensor[32, 8] float32, ...")."""
+
+    def one(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"Tensor{list(x.shape)} {str(x.dtype).replace('torch.', '')}"
+        if isinstance(x, Mapping):
+            return "dict{" + ", ".join(f"{k!r}: {one(v)}" for k, v in x.items()) + "}"
+        if isinstance(x, (list, tuple)):
+            return f"{type(x).__name__} of {len(x)}: " + ", ".join(one(v) for v in x)
+        return type(x).__name__
+
+    text = one(batch)
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+class _ModelProxy:
+    """Runs the model with a state's params, without gradients, remembering its last outputs.
+
+    `loss_fn(model, batch)` and `eval_fn(model, batch)` receive this in place of the module: a call
+    with the same arguments as the previous one returns the cached outputs, so computing the loss
+    and the metrics costs one forward pass. Attribute access falls through to the module.
+    """
+
+    def __init__(self, call: Callable[..., Any], module: torch.nn.Module | None):
+        self._call, self._module = call, module
+        self._key: tuple | None = None
+        self.last_outputs: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = tuple(id(a) for a in args) + tuple((k, id(v)) for k, v in sorted(kwargs.items()))
+        if key != self._key:
+            with torch.no_grad():
+                self.last_outputs = self._call(*args, **kwargs)
+            self._key = key
+        return self.last_outputs
+
+    def __getattr__(self, name: str) -> Any:
+        if self._module is None:
+            raise AttributeError(name)
+        return getattr(self._module, name)
+
+
+def _runner(step_or_model: Any, state: TrainState | None):
+    """`(call, module, loss_fn)` for a Step or a plain module."""
+    if isinstance(step_or_model, torch.nn.Module):
+        module = step_or_model
+        if state is None:
+            return module, module, None
+        tensors = {**state.params, **state.buffers}
+
+        def call(*args, **kwargs):
+            return torch.func.functional_call(module, tensors, args, kwargs, tie_weights=True)
+
+        return call, module, None
+    pieces = getattr(step_or_model, "pieces", None)
+    if pieces is None or not hasattr(pieces, "call_model"):
+        if not callable(step_or_model):
+            raise TypeError(
+                "evaluate/predict take a functrain Step (from make_step) or a torch.nn.Module; "
+                f"got {type(step_or_model).__name__}"
+            )
+
+        def no_model(*args, **kwargs):
+            raise TypeError(
+                f"the step {getattr(step_or_model, '__name__', step_or_model)!r} is a plain "
+                "function, so there is no model to evaluate: build it with functrain.make_step, "
+                "or pass an eval_fn that does not call the model"
+            )
+
+        return no_model, None, None
+    if state is None:
+        raise ValueError("evaluate/predict with a Step need the TrainState whose params to use")
+    base = step_or_model
+    while not hasattr(base, "model") and hasattr(base, "step"):  # a CompiledStep wraps a Step
+        base = base.step
+    module = getattr(base, "model", None)
+
+    def call(*args, **kwargs):
+        return pieces.call_model(state, *args, **kwargs)
+
+    return call, module, getattr(base, "loss_fn", None)
+
+
+def _get(batch: Any, key: Any, what: str) -> Any:
+    try:
+        return batch[key]
+    except (KeyError, IndexError, TypeError) as error:
+        raise ValueError(
+            f"cannot take the {what} from a batch that is a {describe_batch(batch)} with key "
+            f"{key!r} ({type(error).__name__}: {error}); pass eval_fn=lambda model, batch: "
+            f"(outputs, targets), or {what[:-1]}_key=..."
+        ) from None
+
+
+class _EvalMode:
+    """`module.eval()` for a block, restoring the previous mode after."""
+
+    def __init__(self, module: torch.nn.Module | None):
+        self.module = module
+
+    def __enter__(self):
+        self.was_training = self.module.training if self.module is not None else False
+        if self.module is not None:
+            self.module.eval()
+
+    def __exit__(self, *exc):
+        if self.module is not None:
+            self.module.train(self.was_training)
+
+
+def run_eval(
+    step_or_model,
+    state,
+    data,
+    *,
+    metrics: dict[str, Any],
+    eval_fn,
+    emit,
+    ctx,
+    device,
+    input_key=0,
+    target_key=1,
+) -> dict[str, float]:
+    call, module, loss_fn = _runner(step_or_model, state)
+    from .step import normalize_loss
+
+    proxy = _ModelProxy(call, module)
+    loss_mean = Mean("loss") if loss_fn is not None else None
+    for metric in metrics.values():
+        metric.reset()
+    ctx.eval_metrics = {}
+    emit(Event.EVAL_START)
+    with _EvalMode(module), torch.no_grad():
+        for batch in data:
+            if device is not None:
+                batch = to_device(batch, device, non_blocking=True)
+            ctx.batch, ctx.outputs = batch, None
+            emit(Event.EVAL_BATCH_START)
+            if loss_fn is not None:
+                loss, _ = normalize_loss(loss_fn(proxy, batch))
+                loss_mean.update(loss, _batch_size(batch))
+            if eval_fn is not None:
+                outputs, targets = eval_fn(proxy, batch)
+            elif metrics:
+                if proxy.last_outputs is None:
+                    proxy(_get(batch, input_key, "inputs"))
+                outputs, targets = proxy.last_outputs, _get(batch, target_key, "targets")
+            else:
+                outputs, targets = proxy.last_outputs, None
+            for metric in metrics.values():
+                metric.update(outputs, targets)
+            ctx.outputs = outputs
+            emit(Event.EVAL_BATCH_END)
+            proxy._key, proxy.last_outputs = None, None
+    results = {}
+    if loss_mean is not None:
+        results["loss"] = loss_mean.compute()
+    for name, metric in metrics.items():
+        results[name] = metric.compute()
+    ctx.eval_metrics = results
+    ctx.batch = ctx.outputs = None
+    emit(Event.EVAL_END)
+    return results
+
+
+def _batch_size(batch: Any) -> int:
+    from .batching import num_samples
+
+    try:
+        return num_samples(batch)
+    except ValueError:
+        return 1
+
+
+def evaluate(
+    step_or_model: Any,
+    state: TrainState | None,
+    data: Iterable[Any],
+    *,
+    metrics: Any = None,
+    eval_fn: Callable | None = None,
+    callbacks: Iterable[Any] = (),
+    input_key: Any = 0,
+    target_key: Any = 1,
+) -> dict[str, float]:
+    """Evaluate the state's params on `data`: the mean loss and `metrics`, over all ranks.
+
+    Args:
+        step_or_model: a `Step` (its `loss_fn` gives "loss"; the model runs through
+            `step.pieces.call_model`) or a `torch.nn.Module` (run with `state`'s tensors, or as
+            it is when `state` is None).
+        state: the `TrainState` whose params to evaluate.
+        data: an iterable of batches (each rank passes its shard, e.g. a
+            `Loader(..., shuffle=False, drop_last=False)`).
+        metrics: names ("accuracy", "cross_entropy", "perplexity"), metric objects,
+            torchmetrics metrics, or `{name: metric}`.
+        eval_fn: `(model, batch) -> (outputs, targets)` for the metrics; `model` runs without
+            gradients (default: `model(batch[input_key])` and `batch[target_key]`).
+        callbacks: receive EVAL_START, EVAL_BATCH_START, EVAL_BATCH_END and EVAL_END.
+        input_key, target_key: where inputs and targets sit in a batch (Composer's convention).
+    Returns:
+        `{"loss": float (with a Step), <metric name>: float, ...}`, reduced over all ranks (every
+        rank must call `evaluate`).
+    Example:
+        >>> evaluate(step, state, test_loader, metrics=["accuracy"])
+        {'loss': 0.08, 'accuracy': 0.975}
+    """
+    rank, world = dp_info()
+    callbacks = list(callbacks)
+    ctx = Context(state=state, rank=rank, world_size=world)
+    device = state_device(state) if state is not None else None
+
+    def emit(event: Event) -> None:
+        dispatch(event, callbacks, ctx)
+
+    return run_eval(
+        step_or_model,
+        state,
+        data,
+        metrics=resolve_metrics(metrics),
+        eval_fn=eval_fn,
+        emit=emit,
+        ctx=ctx,
+        device=device,
+        input_key=input_key,
+        target_key=target_key,
+    )
+
+
+def predict(
+    step_or_model: Any,
+    state: TrainState | None,
+    data: Iterable[Any],
+    *,
+    predict_fn: Callable | None = None,
+    callbacks: Iterable[Any] = (),
+    input_key: Any = 0,
+    to_cpu: bool = True,
+) -> list[Any]:
+    """The model's outputs on every batch of `data`, with the state's params and no gradients.
+
+    Args:
+        step_or_model: a `Step` or a `torch.nn.Module` (as in `evaluate`).
+        state: the `TrainState` whose params to use.
+        data: an iterable of batches.
+        predict_fn: `(model, batch) -> outputs` (default: `model(batch[input_key])` for a
+            tuple/list batch, `model(**batch)` for a dict, `model(batch)` for a tensor).
+        callbacks: receive PREDICT_START, PREDICT_BATCH_START, PREDICT_BATCH_END, PREDICT_END.
+        input_key: where inputs sit in a tuple/list batch.
+        to_cpu: move tensor outputs to the CPU (frees device memory as you go).
+    Returns:
+        a list with one entry of outputs per batch.
+    Example:
+        >>> logits = torch.cat(predict(step, state, test_loader))
+    """
+    rank, world = dp_info()
+    callbacks = list(callbacks)
+    ctx = Context(state=state, rank=rank, world_size=world)
+    device = state_device(state) if state is not None else None
+    call, module, _ = _runner(step_or_model, state)
+    proxy = _ModelProxy(call, module)
+    outputs_all = []
+    dispatch(Event.PREDICT_START, callbacks, ctx)
+    with _EvalMode(module), torch.no_grad():
+        for batch in data:
+            if device is not None:
+                batch = to_device(batch, device, non_blocking=True)
+            ctx.batch, ctx.outputs = batch, None
+            dispatch(Event.PREDICT_BATCH_START, callbacks, ctx)
+            if predict_fn is not None:
+                outputs = predict_fn(proxy, batch)
+            elif isinstance(batch, Mapping):
+                outputs = proxy(**batch)
+            elif isinstance(batch, (tuple, list)):
+                outputs = proxy(_get(batch, input_key, "inputs"))
+            else:
+                outputs = proxy(batch)
+            proxy._key = None
+            if to_cpu:
+                outputs = _to_cpu(outputs)
+            ctx.outputs = outputs
+            dispatch(Event.PREDICT_BATCH_END, callbacks, ctx)
+            outputs_all.append(outputs)
+    ctx.batch = ctx.outputs = None
+    dispatch(Event.PREDICT_END, callbacks, ctx)
+    return outputs_all
+
+
+def _to_cpu(outputs: Any) -> Any:
+    """Tensors in `outputs` (a tensor, a dict such as a Hugging Face output, a list/tuple) on CPU."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.cpu()
+    if isinstance(outputs, Mapping):
+        moved = {k: _to_cpu(v) for k, v in outputs.items()}
+        try:
+            return type(outputs)(**moved)
+        except TypeError:
+            return moved
+    if isinstance(outputs, (list, tuple)) and not hasattr(outputs, "_fields"):
+        return type(outputs)(_to_cpu(v) for v in outputs)
+    return outputs
