@@ -1,0 +1,644 @@
+"""Step overhead and peak memory: functrain against a hand-written PyTorch loop and peer trainers.
+
+Four models (a tiny MLP whose step is well under a millisecond, so fixed per-step costs dominate;
+an MLP; a small ResNet-style CNN; a small GPT) train with AdamW under every variant:
+
+    torch               the hand-written eager loop, torch.optim.AdamW default (a per-tensor loop on CPU)
+    torch_fused         the same loop with AdamW(fused=True)
+    functrain           functrain's donating step (what `fit` runs) in a plain Python loop
+    functrain_fit       the same step driven by `functrain.fit` (no loggers, no checkpoints)
+    torch_compiled      torch.compile(model) + eager AdamW(fused=True): "compiling the model alone"
+    functrain_compiled  compile_step: forward, backward and the optimizer in one graph
+    composer, lightning           peer Trainers with progress bars and logging off
+    composer_defaults, lightning_defaults   the same Trainers with their defaults
+
+The floor (ratio 1.00) is the faster (lower median) of `torch` and `torch_fused`, so an optimizer
+kernel's gain never passes for low trainer overhead. Ratios are taken against the floor's time in
+the same repetition; bench/README.md describes the method, the clock and the memory measurement.
+
+Usage:
+    python -m bench overhead [--models tiny_mlp,gpt] [--variants torch,functrain] [--reps 5]
+    python -m bench memory   [--models ...] [--variants ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import common, peers
+
+LR, WEIGHT_DECAY = 1e-3, 1e-2
+BASELINE = ("torch", "torch_fused")
+VARIANTS = {
+    "torch": "hand-written loop, AdamW (default)",
+    "torch_fused": "hand-written loop, AdamW(fused=True)",
+    "functrain": "functrain step (donating), eager",
+    "functrain_fit": "functrain.fit, eager",
+    "torch_compiled": "torch.compile(model) + AdamW(fused=True)",
+    "functrain_compiled": "functrain compile_step (optimizer in the graph)",
+    "composer": "Composer Trainer, progress bar and logging off",
+    "composer_defaults": "Composer Trainer, defaults",
+    "lightning": "Lightning Trainer, progress bar and logging off",
+    "lightning_defaults": "Lightning Trainer, defaults",
+}
+COMPILED = ("torch_compiled", "functrain_compiled")
+
+
+# ------------------------------------------------------------------------------------------------
+# models
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A benchmark model: how to build it, its batches, its loss, and how long a block runs.
+
+    Attributes:
+        name: the key in tables and JSON.
+        description: one line for the table.
+        build: `() -> nn.Module`, deterministic (the same weights on every call).
+        make_batch: `(generator) -> (inputs, targets)`.
+        criterion: `(outputs, targets) -> loss`; every variant trains on this same loss.
+        steps: timed steps per block (0.1-0.3 s of one core's time: short blocks interleave the
+            variants finely, so a change in the machine's load hits them alike).
+    """
+
+    name: str
+    description: str
+    build: Callable[[], torch.nn.Module]
+    make_batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    steps: int
+
+    def loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        """`criterion(model(inputs), targets)`: the loss_fn of every variant."""
+        inputs, targets = batch
+        return self.criterion(model(inputs), targets)
+
+
+def _mlp(sizes: Sequence[int]) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def _seeded(build: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    def seeded():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return build()
+
+    return seeded
+
+
+def _images(batch: int, size: int) -> Callable:
+    return lambda g: (
+        torch.randn(batch, 1, size, size, generator=g),
+        torch.randint(0, 10, (batch,), generator=g),
+    )
+
+
+def _tokens(batch: int, length: int, vocab: int) -> Callable:
+    def make(g):
+        ids = torch.randint(0, vocab, (batch, length + 1), generator=g)
+        return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+    return make
+
+
+def _sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def model_specs() -> dict[str, ModelSpec]:
+    """The four benchmark models, by name."""
+    from functrain.models import GPT, GPTConfig, SmallResNet
+
+    gpt = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
+    specs = [
+        ModelSpec(
+            "tiny_mlp",
+            "MLP 64-128-128-10, batch 32",
+            _seeded(lambda: _mlp([64, 128, 128, 10])),
+            lambda g: (torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)),
+            F.cross_entropy,
+            steps=150,
+        ),
+        ModelSpec(
+            "mlp",
+            "MLP 784-512-512-10, batch 128",
+            _seeded(lambda: _mlp([784, 512, 512, 10])),
+            lambda g: (
+                torch.randn(128, 784, generator=g),
+                torch.randint(0, 10, (128,), generator=g),
+            ),
+            F.cross_entropy,
+            steps=30,
+        ),
+        ModelSpec(
+            "cnn",
+            "ResNet-style CNN (16-32 ch, BatchNorm), 28x28, batch 32",
+            _seeded(lambda: SmallResNet(in_channels=1, num_classes=10, widths=(16, 32))),
+            _images(32, 28),
+            F.cross_entropy,
+            steps=6,
+        ),
+        ModelSpec(
+            "gpt",
+            "GPT 2 layers, d=128, 4 heads, context 64, batch 16",
+            _seeded(lambda: GPT(gpt)),
+            _tokens(16, 64, gpt.vocab_size),
+            _sequence_loss,
+            steps=6,
+        ),
+    ]
+    return {spec.name: spec for spec in specs}
+
+
+class Batches:
+    """`length` batches that cycle through `count` fixed ones: a long epoch, cheap to index.
+
+    A long epoch keeps epoch-end work (which every trainer does differently) out of the timings.
+    """
+
+    def __init__(self, spec: ModelSpec, device: torch.device, count: int = 8, length: int = 10**7):
+        gen = torch.Generator().manual_seed(1234)
+        self.batches = [tuple(t.to(device) for t in spec.make_batch(gen)) for _ in range(count)]
+        self.length = length
+        self.batch_size = len(self.batches[0][0])  # Composer reads it (one microbatch per batch)
+
+    def take(self, length: int) -> Batches:
+        """The same batches as an epoch of `length`."""
+        view = copy.copy(self)
+        view.length = length
+        return view
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        return self.batches[index % len(self.batches)]
+
+    def __iter__(self):
+        return (self.batches[i % len(self.batches)] for i in range(self.length))
+
+
+# ------------------------------------------------------------------------------------------------
+# variants
+
+
+def _torch_adamw(params, fused: bool | None) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
+
+
+def _hand_written(spec, data, device, now, *, fused: bool, compile_model: bool) -> common.Runner:
+    model = spec.build().to(device)
+    opt = _torch_adamw(model.parameters(), fused=True if fused else None)
+    forward = torch.compile(model) if compile_model else model
+    batches, info = iter(data), {}
+
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        spec.loss(forward, next(batches)).backward()
+        opt.step()
+
+    if compile_model:
+        info["compile_s"] = _first_call_seconds(train_step, device)  # wall: compilers run aside
+
+    def run(n):
+        stamps = []
+        for _ in range(n):
+            train_step()
+            stamps.append(now())
+        return stamps
+
+    return common.Runner("", run, info=info)
+
+
+def _functrain(spec, data, device, now, *, compiled: bool, use_fit: bool) -> common.Runner:
+    import functrain
+
+    model = spec.build().to(device)
+    opt = functrain.optim.adamw(lr=LR, weight_decay=WEIGHT_DECAY)
+    step = functrain.make_step(model, spec.loss, opt).with_options(donate=True)
+    if compiled:
+        step = functrain.compile_step(step)
+    holder = {"state": functrain.init(model, opt, seed=0)}
+    batches, info = iter(data), {}
+
+    if compiled:  # two calls: the first compiles, the second when the step count turns dynamic
+
+        def warm():
+            holder["state"], _ = step(holder["state"], next(batches))
+
+        info["compile_s_first"] = _first_call_seconds(warm, device)
+        info["compile_s_second"] = _first_call_seconds(warm, device)
+        info["compile_s"] = info["compile_s_first"] + info["compile_s_second"]
+
+    if use_fit:
+        from functrain.loop import fit  # functrain.fit once the lead re-exports it
+
+        class Tick:
+            def __init__(self):
+                self.stamps = []
+
+            def batch_end(self, ctx):
+                self.stamps.append(now())
+
+        def run(n):
+            tick = Tick()
+            state = holder["state"]
+            holder["state"] = fit(  # one epoch of n batches: no mid-epoch resume between blocks
+                step,
+                state,
+                data.take(n),
+                duration=f"{state.step + n}ba",
+                eval_interval=None,
+                log_interval=None,
+                callbacks=[tick],
+            )
+            return tick.stamps
+
+        return common.Runner("", run, info=info)
+
+    def run(n):
+        stamps, state = [], holder["state"]
+        for _ in range(n):
+            state, _ = step(state, next(batches))
+            stamps.append(now())
+        holder["state"] = state
+        return stamps
+
+    return common.Runner("", run, info=info)
+
+
+def _first_call_seconds(fn: Callable[[], Any], device) -> float:
+    """Wall seconds of one call (compilers work in other processes: CPU time would miss them)."""
+    now = common.clock("wall", device)
+    start = now()
+    fn()
+    return now() - start
+
+
+PEERS = ("composer", "composer_defaults", "lightning", "lightning_defaults")
+
+
+def unavailable(name: str) -> str | None:
+    """Why variant `name` cannot run here (a peer that is not installed), or None."""
+    if name in PEERS:
+        return peers.missing(name.partition("_")[0])
+    return None
+
+
+def build_variant(name: str, spec: ModelSpec, data: Batches, device: torch.device, now=None):
+    """Prepare variant `name` on `spec` (check `unavailable(name)` first); returns a `Runner`.
+
+    Args:
+        name: a key of `VARIANTS`.
+        spec: the model.
+        data: its batches.
+        device: where the model trains.
+        now: the clock read after every step (default: `common.clock("wall", device)`).
+    """
+    now = now or common.clock("wall", device)
+    if name in PEERS:
+        trainer, _, defaults = name.partition("_")
+        make = peers.composer_runner if trainer == "composer" else peers.lightning_runner
+        runner = make(
+            spec, data, device, now, defaults=bool(defaults), lr=LR, weight_decay=WEIGHT_DECAY
+        )
+    elif name in ("torch", "torch_fused", "torch_compiled"):
+        runner = _hand_written(
+            spec,
+            data,
+            device,
+            now,
+            fused=name != "torch",
+            compile_model=name == "torch_compiled",
+        )
+    elif name in ("functrain", "functrain_fit", "functrain_compiled"):
+        runner = _functrain(
+            spec,
+            data,
+            device,
+            now,
+            compiled=name == "functrain_compiled",
+            use_fit=name == "functrain_fit",
+        )
+    else:
+        raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+    runner.name = name
+    return runner
+
+
+# ------------------------------------------------------------------------------------------------
+# the suites
+
+
+def parse_args(argv: Sequence[str] | None, suite: str) -> argparse.Namespace:
+    """The options of `python -m bench overhead|memory` (see `--help`)."""
+    specs = model_specs()
+    parser = argparse.ArgumentParser(
+        prog=f"python -m bench {suite}", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--models", default=",".join(specs), help="comma-separated, of: %(default)s"
+    )
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated, of: %(default)s"
+    )
+    parser.add_argument("--reps", type=int, default=10, help="interleaved repetitions (overhead)")
+    parser.add_argument(
+        "--steps-scale", type=float, default=1.0, help="scales each model's steps per block"
+    )
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    parser.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="time by this process's CPU time (default: steady on a shared machine) or wall time",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: 1 with --clock cpu, else torch's)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda (overhead only, --clock wall)"
+    )
+    parser.add_argument("--out", help=f"the JSON file (default: bench/results/{suite}.json)")
+    args = parser.parse_args(argv)
+    args.models = _choose(parser, args.models, specs, "model")
+    args.variants = _choose(parser, args.variants, VARIANTS, "variant")
+    if args.reps < 1 or args.warmup < 1 or args.steps_scale <= 0:
+        parser.error("--reps and --warmup must be >= 1, and --steps-scale > 0")
+    if args.threads is None:  # CPU time of several threads would count their spin-waiting too
+        args.threads = 1 if args.clock == "cpu" else torch.get_num_threads()
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and args.clock != "wall":
+        parser.error("on CUDA use --clock wall: device time is not this process's CPU time")
+    if suite == "memory" and args.device.type != "cpu":
+        parser.error("the memory suite measures torch's CPU allocations: use --device cpu")
+    return args
+
+
+def _choose(parser, text: str, known, what: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        parser.error(
+            f"unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}"
+        )
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """`python -m bench overhead`: time every variant on every model; print tables, write JSON."""
+    args = parse_args(argv, "overhead")
+    with _threads(args.threads), common.fresh_compile_cache() as fresh:
+        return _overhead(args, argv, fresh)
+
+
+@contextlib.contextmanager
+def _threads(count: int):
+    """torch's intra-op thread count set for the suite, and restored after (`all` goes on)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _overhead(args: argparse.Namespace, argv, fresh_cache: bool) -> dict:
+    started = time.perf_counter()
+    report = common.new_report(
+        "overhead",
+        argv,
+        config={
+            "reps": args.reps,
+            "warmup": args.warmup,
+            "steps_scale": args.steps_scale,
+            "device": str(args.device),
+            "clock": args.clock,
+            "threads": args.threads,
+            "lr": LR,
+            "weight_decay": WEIGHT_DECAY,
+        },
+        baseline="the faster (lower median) of: " + ", ".join(BASELINE),
+        variants={v: VARIANTS[v] for v in args.variants},
+        peers=peers.versions() if set(args.variants) & set(PEERS) else {},
+        models={},
+    )
+    report["config"]["fresh_compile_cache"] = fresh_cache
+    for model_name in args.models:
+        report["models"][model_name] = _time_model(model_specs()[model_name], args)
+    report["goals"] = check_goals(report["models"])
+    report["total_s"] = time.perf_counter() - started
+    path = common.write_json(args.out or f"{common.RESULTS_DIR}/overhead.json", report)
+    print(common.variants_table(report, "median_ms", "ms"))
+    print()
+    print(compile_table(report))
+    print()
+    print(common.goals_table(report["goals"]))
+    print(f"\n{report['total_s']:.0f} s in all; JSON written to {path}")
+    return report
+
+
+def _time_model(spec: ModelSpec, args: argparse.Namespace) -> dict:
+    """Build and warm up every variant on `spec`, then time them interleaved."""
+    steps = max(2, round(spec.steps * args.steps_scale))
+    data, now = Batches(spec, args.device), common.clock(args.clock, args.device)
+    _reset_compiler()
+    runners, results = {}, {}
+    for name in args.variants:
+        results[name] = {"status": "skipped", "reason": unavailable(name)}
+        if results[name]["reason"]:
+            common.log(f"[overhead] {spec.name}/{name}: skipped ({results[name]['reason']})")
+            continue
+        started = time.perf_counter()
+        try:
+            runner = build_variant(name, spec, data, args.device, now)
+            runner.run(args.warmup)
+        except Exception as error:  # report it beside the others' results; do not stop
+            results[name] = {"status": "failed", "reason": common.describe_error(error)}
+            common.log(f"[overhead] {spec.name}/{name}: FAILED ({results[name]['reason']})")
+            continue
+        runner.info["setup_s"] = time.perf_counter() - started
+        common.log(f"[overhead] {spec.name}/{name}: ready in {runner.info['setup_s']:.1f} s")
+        runners[name] = runner
+
+    def progress(rep, name, seconds):
+        common.log(
+            f"[overhead] {spec.name} rep {rep + 1}/{args.reps} {name}: {1e3 * seconds:.3f} ms"
+        )
+
+    try:
+        timed = common.interleave(
+            runners, steps=steps, reps=args.reps, baseline=BASELINE, on_block=progress
+        )
+    finally:
+        for runner in runners.values():
+            runner.close()
+    for name, runner in runners.items():
+        results[name] = {"status": "ok", **timed["variants"][name], **runner.info}
+    return {
+        "description": spec.description,
+        "parameters": sum(p.numel() for p in spec.build().parameters()),
+        "steps_per_block": steps,
+        "baseline": timed["baseline"],
+        "variants": results,
+    }
+
+
+def _reset_compiler() -> None:
+    """Forget what torch.compile saw before, so every model compiles as in a fresh process.
+
+    Dynamo keys its caches and its shape history by code object, and the benchmark models share
+    code (both MLPs are a `Sequential`; every compiled step runs `CompiledStep._core`): without a
+    reset, the second model would compile with dynamic shapes and later ones hit the recompile
+    limit and silently run eagerly. Only called when no compiled variant of another model lives.
+    """
+    torch._dynamo.reset()
+
+
+def main_memory(argv: Sequence[str] | None = None) -> dict:
+    """`python -m bench memory`: the peak bytes torch allocates per variant; table and JSON."""
+    args = parse_args(argv, "memory")
+    with _threads(args.threads), common.fresh_compile_cache():
+        return _memory(args, argv)
+
+
+def _memory(args: argparse.Namespace, argv) -> dict:
+    started = time.perf_counter()
+    report = common.new_report(
+        "memory",
+        argv,
+        method=(
+            "torch.profiler allocation events (profile_memory=True): the most bytes allocated "
+            "at once during the measured steps, counted from before the variant was built"
+        ),
+        config={
+            "warmup": args.warmup,
+            "measured_steps": MEMORY_STEPS,
+            "device": str(args.device),
+            "threads": args.threads,
+        },
+        variants={v: VARIANTS[v] for v in args.variants},
+        models={},
+    )
+    for model_name in args.models:
+        report["models"][model_name] = _measure_memory(model_specs()[model_name], args)
+    report["goals"] = check_goals(report["models"], memory=True)
+    report["total_s"] = time.perf_counter() - started
+    path = common.write_json(args.out or f"{common.RESULTS_DIR}/memory.json", report)
+    print(common.variants_table(report, "peak_mib", "MiB"))
+    print()
+    print(common.goals_table(report["goals"]))
+    print(f"\n{report['total_s']:.0f} s in all; JSON written to {path}")
+    return report
+
+
+MEMORY_STEPS = 2
+
+
+def _measure_memory(spec: ModelSpec, args: argparse.Namespace) -> dict:
+    """Each variant's peak, built from scratch inside its own profiling window."""
+    data = Batches(spec, args.device)  # outside the windows: the same for every variant
+    results = {}
+    for name in args.variants:
+        results[name] = {"status": "skipped", "reason": unavailable(name)}
+        if results[name]["reason"]:
+            common.log(f"[memory] {spec.name}/{name}: skipped ({results[name]['reason']})")
+            continue
+        common.log(f"[memory] {spec.name}/{name}")
+        _reset_compiler()
+        try:
+            measured = common.peak_allocated_bytes(
+                lambda name=name: build_variant(name, spec, data, args.device),
+                warmup=args.warmup,
+                steps=MEMORY_STEPS,
+            )
+        except Exception as error:  # report it beside the others' results; do not stop
+            results[name] = {"status": "failed", "reason": common.describe_error(error)}
+            common.log(f"[memory] {spec.name}/{name}: FAILED ({results[name]['reason']})")
+            continue
+        results[name] = {"status": "ok", **measured, "peak_mib": measured["peak_bytes"] / 2**20}
+    floors = [
+        results[b]["peak_bytes"] for b in BASELINE if results.get(b, {}).get("status") == "ok"
+    ]
+    for entry in results.values():
+        if entry["status"] == "ok":
+            entry["ratio"] = entry["peak_bytes"] / min(floors) if floors else None
+    return {"description": spec.description, "variants": results}
+
+
+# ------------------------------------------------------------------------------------------------
+# goals and the compile table
+
+TIME_GOALS = {  # variant -> (limit, {model: limit}) on its ratio to the faster hand-written loop
+    "functrain": (1.03, {"gpt": 1.01, "tiny_mlp": 1.05}),
+    "functrain_compiled": (None, {"cnn": 0.80, "gpt": 0.95}),
+}
+MEMORY_GOAL = 1.10
+
+
+def check_goals(models: dict, memory: bool = False) -> list[dict]:
+    """The issue's goals met or missed, each with the measured ratio and its limit."""
+    goals = []
+    for model, entry in models.items():
+
+        def ratio(name, variants=entry["variants"]):
+            result = variants.get(name, {})
+            return result.get("ratio") if result.get("status") == "ok" else None
+
+        if memory:
+            for name in ("functrain", "functrain_fit", "functrain_compiled"):
+                if ratio(name) is not None:
+                    goals.append(
+                        common.goal(model, f"{name} peak memory", ratio(name), MEMORY_GOAL)
+                    )
+            continue
+        for name, (default, per_model) in TIME_GOALS.items():
+            limit = per_model.get(model, default)
+            if limit is not None and ratio(name) is not None:
+                goals.append(common.goal(model, f"{name} time", ratio(name), limit))
+        if ratio("functrain_compiled") is not None and ratio("torch_compiled") is not None:
+            what = "functrain_compiled faster than torch_compiled"
+            goals.append(
+                common.goal(model, what, ratio("functrain_compiled"), ratio("torch_compiled"))
+            )
+        # Like for like: functrain's loop (fit) against the peers' Trainer.fit.
+        ours = "functrain_fit" if ratio("functrain_fit") is not None else "functrain"
+        for peer in PEERS:
+            if ratio(ours) is not None and ratio(peer) is not None:
+                goals.append(
+                    common.goal(model, f"{ours} faster than {peer}", ratio(ours), ratio(peer))
+                )
+    return goals
+
+
+def compile_table(report: dict) -> str:
+    """Wall seconds of the compiled variants' first calls (functrain's: the first two, as the
+    second recompiles once the step count turns dynamic), with a fresh compile cache."""
+    models = list(report["models"])
+    rows = []
+    for variant in COMPILED:
+        if variant in report["variants"]:
+            cells = [report["models"][m]["variants"][variant] for m in models]
+            rows.append([f"{variant} compile s", *(c.get("compile_s") for c in cells)])
+    return common.markdown_table(["first calls", *models], rows)
