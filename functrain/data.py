@@ -148,6 +148,9 @@ class Loader:
         seed: the data seed.
         drop_last: drop the last incomplete batch (keep True for training on several ranks).
         num_workers, pin_memory, collate_fn: passed to `torch.utils.data.DataLoader`.
+        multiprocessing_context: how workers start ("fork", "spawn", "forkserver"; None: the
+            platform default). Use "spawn" when threads already run in the process (JAX, gRPC),
+            since forking a multithreaded process can deadlock.
         rank, world_size: this process's data-parallel rank and their number (default:
             `functrain.dist.compute.data_parallel_info()` when first iterated).
 
@@ -174,6 +177,7 @@ class Loader:
         collate_fn: Callable[[list], Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        multiprocessing_context: str | None = None,
     ):
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(
@@ -200,6 +204,7 @@ class Loader:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.collate_fn = collate_fn
+        self.multiprocessing_context = multiprocessing_context
         self._rank, self._world_size = rank, world_size
         self.epoch = 0
         self._sampler: ResumableBatchSampler | None = None
@@ -301,6 +306,8 @@ class Loader:
         kwargs: dict[str, Any] = {}
         if self.collate_fn is not None:
             kwargs["collate_fn"] = self.collate_fn
+        if self.num_workers and self.multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = self.multiprocessing_context
         return iter(
             DataLoader(
                 self.dataset,

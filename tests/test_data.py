@@ -94,7 +94,10 @@ def test_resume_loads_no_sample_before_the_resume_point():
 def test_dataloader_workers_give_the_same_batches():
     dataset = CountingDataset(40)
     plain = [ids(b) for b in Loader(dataset, 8, seed=2, rank=0, world_size=1).epoch_iter(1, 2)]
-    workers = Loader(dataset, 8, seed=2, num_workers=2, rank=0, world_size=1).epoch_iter(1, 2)
+    # "spawn": other tests may have started threads (orbax imports JAX); forking those can deadlock.
+    workers = Loader(
+        dataset, 8, seed=2, num_workers=2, rank=0, world_size=1, multiprocessing_context="spawn"
+    ).epoch_iter(1, 2)
     assert [ids(b) for b in workers] == plain
     assert len(plain) == 3
 
