@@ -154,7 +154,11 @@ class Step:
         Then the model can run as it is, with no parameter swapping: the fast path, exactly what
         a hand-written loop does.
         """
-        if self.config.grad_mode != "autograd" or not self.config.donate:
+        if (
+            self.config.grad_mode != "autograd"
+            or not self.config.donate
+            or torch.compiler.is_compiling()  # data_ptr comparisons would break the graph
+        ):
             return False
         for names, mine in (
             (state.params, self._module_params),
@@ -260,11 +264,31 @@ class Step:
     def _update(self, grads: dict, state: TrainState) -> TrainState:
         donate = self.config.donate
         trainable = {k: state.params[k] for k in grads}
+        if donate and self._can_fuse(trainable, grads):
+            # One fused kernel updates the (donated) params and moments in place.
+            opt_state = self.optimizer.fused_update(
+                grads, state.opt_state, trainable, time=state.timestamp
+            )
+            return state.replace(opt_state=opt_state)
         updates, opt_state = self.optimizer.update(
             grads, state.opt_state, trainable, time=state.timestamp, donate=donate
         )
         new_params = apply_updates(trainable, updates, donate=donate)
         return state.replace(params={**state.params, **new_params}, opt_state=opt_state)
+
+    def _can_fuse(self, params: dict, grads: dict) -> bool:
+        """True when the optimizer's fused in-place path applies: plain tensors, one device and
+        dtype, outside torch.compile (which fuses the foreach path itself)."""
+        if getattr(self.optimizer, "fused_update", None) is None or torch.compiler.is_compiling():
+            return False
+        tensors = list(params.values()) + list(grads.values())
+        if not tensors:
+            return False
+        first = tensors[0]
+        return all(
+            type(t) is torch.Tensor and t.dtype == first.dtype and t.device == first.device
+            for t in tensors
+        ) and first.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
     # -- the step ----------------------------------------------------------------------------
 

@@ -333,3 +333,23 @@ def test_func_grad_mode_matches_autograd_mode():
     )
     assert tree_allclose(by_autograd.params, by_func.params, atol=1e-6)
     assert torch.allclose(m1["loss"], m2["loss"])
+
+
+def test_fused_adamw_path_of_a_donating_step_equals_the_pure_step():
+    torch.manual_seed(0)
+    model = SmallNet()
+    twin = copy.deepcopy(model)
+    opt = optim.adamw(lr=1e-2, weight_decay=0.1)
+    assert opt.fused_update is not None
+    data = make_data(4)
+    pure_state = functrain.init(twin, opt, seed=0)
+    pure = functrain.make_step(twin, ce_loss, opt)
+    state = functrain.init(model, opt, seed=0)
+    donating = functrain.make_step(model, ce_loss, opt, donate=True)
+    for batch in data:
+        pure_state, pure_metrics = pure(pure_state, batch)
+        assert donating._can_fuse({k: state.params[k] for k in state.params}, state.params)
+        state, metrics = donating(state, batch)
+    assert tree_allclose(state.params, pure_state.params, atol=1e-6)
+    assert tree_allclose(state.opt_state, pure_state.opt_state, atol=1e-6)  # same structure too
+    assert metrics["lr"] == pure_metrics["lr"] == pytest.approx(1e-2)

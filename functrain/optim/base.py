@@ -47,6 +47,10 @@ class Transform(NamedTuple):
 
     init: Callable[[Params], OptState]
     update: Callable[..., tuple[Updates, OptState]]
+    # Optional fast path for a donating step: `fused_update(grads, state, params, **extra) ->
+    # state` updates `params` and the state's tensors in place with one fused kernel, giving the
+    # same result as `update` + `apply_updates` up to rounding. None: no fused path.
+    fused_update: Callable[..., OptState] | None = None
 
 
 class EmptyState(NamedTuple):
