@@ -311,7 +311,7 @@ def worker(args) -> None:
     runners = {name: make_runner(name, args) for name in VARIANTS}
     for runner in runners.values():
         runner.run(args.warmup)
-    timing = interleave(runners, steps=args.steps, reps=args.reps)
+    timing = interleave(runners, steps=args.steps, reps=args.reps)["variants"]
     for name, result in timing.items():
         out["variants"][name]["median_ms"] = result["median_ms"]
         out["variants"][name]["times_ms"] = result["times_ms"]
