@@ -42,7 +42,7 @@ def test_quick_run_writes_the_json_structure(tmp_path, capsys):
 
     assert torch.get_num_threads() == threads  # main restores the thread count
     printed = capsys.readouterr().out
-    assert "speedup (time)" in printed and "steps to target" in printed
+    assert "speedup (CPU)" in printed and "steps to target" in printed
     payload = json.loads(out.read_text())
     assert payload["benchmark"] == "time_to_accuracy"
     assert payload["config"]["quick"] is True
@@ -56,26 +56,30 @@ def test_quick_run_writes_the_json_structure(tmp_path, capsys):
         for run in record["runs"]:
             assert 0 < run["final_step"] <= record["budget_steps"]
             assert math.isfinite(run["final_metric"])
-            steps = [h[0] for h in run["history"]]
-            assert steps[0] == 0 and steps == sorted(steps)  # evaluated from the start, in order
+            steps, seconds, cpu_seconds, _ = zip(*run["history"])
+            assert steps[0] == 0 and list(steps) == sorted(steps)  # from the start, in order
+            assert list(seconds) == sorted(seconds) and list(cpu_seconds) == sorted(cpu_seconds)
             if run["reached"]:
-                assert run["steps_to_target"] in steps
-                assert 0 <= run["seconds_to_target"] <= run["train_seconds"]
+                index = steps.index(run["steps_to_target"])
+                assert run["seconds_to_target"] == seconds[index] <= run["train_seconds"]
+                assert run["cpu_seconds_to_target"] == cpu_seconds[index]
             else:
-                assert run["steps_to_target"] is None and run["seconds_to_target"] is None
+                for key in ("steps_to_target", "seconds_to_target", "cpu_seconds_to_target"):
+                    assert run[key] is None
         summary = record["summary"]
         assert set(summary) == set(variants)
         assert summary["baseline"]["runs"] == len(record["seeds"])
         if summary["baseline"]["reached"]:
-            assert summary["baseline"]["speedup_steps"] == pytest.approx(1.0)
-            assert summary["baseline"]["speedup_seconds"] == pytest.approx(1.0)
+            for unit in ("steps", "seconds", "cpu_seconds"):
+                assert summary["baseline"][f"speedup_{unit}"] == pytest.approx(1.0)
 
 
 def test_summary_pairs_seeds_and_counts_misses():
     def row(variant, seed, steps, seconds):
         reached = steps is not None
         return {"variant": variant, "seed": seed, "reached": reached, "steps_to_target": steps,
-                "seconds_to_target": seconds, "seconds_per_step": 0.1}  # fmt: skip
+                "seconds_to_target": seconds, "cpu_seconds_to_target": seconds,
+                "seconds_per_step": 0.1, "cpu_seconds_per_step": 0.1}  # fmt: skip
 
     rows = [
         row("baseline", 0, 100, 10.0), row("baseline", 1, 200, 20.0), row("baseline", 2, None, None),
@@ -84,6 +88,7 @@ def test_summary_pairs_seeds_and_counts_misses():
     summary = tta.summarize(rows, "baseline")
     # seed 2's baseline missed: left out; seed 1's variant missed: a ratio of 0
     assert summary["fast"]["speedups_seconds"] == [2.5, 0.0]
+    assert summary["fast"]["speedups_cpu_seconds"] == [2.5, 0.0]
     assert summary["fast"]["speedup_steps"] == pytest.approx(1.0)  # median of [2.0, 0.0]
     assert summary["fast"]["reached"] == 2
     assert summary["baseline"]["median_steps"] == 200  # the miss counts as infinitely slow
