@@ -69,14 +69,17 @@ def line_dataset(works: dict[str, str], label: int, vocab: CharVocab, length: in
 
 
 def copy_weights(model: torch.nn.Module, state) -> None:
-    """Put the trained weights of `state` into `model` (for `save_pretrained`)."""
+    """Put the trained weights of `state` into `model` (a plain, unsharded model) for
+    `save_pretrained`; under a plan the trained model holds DTensors, so this copies into a fresh
+    model built from the same config."""
     params = functrain.dist.full_params(state.params)
+    buffers = functrain.dist.full_params(state.buffers)
     with torch.no_grad():
         for name, tensor in model.named_parameters():  # tied weights appear once
             tensor.copy_(params[name])
         for name, tensor in model.named_buffers():
-            if name in state.buffers:
-                tensor.copy_(state.buffers[name])
+            if name in buffers:
+                tensor.copy_(buffers[name])
 
 
 def run_phase(step, state, train, val, *, steps, metrics, run_dir, name, quick):
@@ -164,9 +167,10 @@ def main(argv: list[str] | None = None) -> dict:
                       run_dir=args.run_dir, name="pretrain", quick=args.quick)  # fmt: skip
     pretrained = evaluate(step, state, lm_val, metrics=["perplexity"])
     pretrained_dir = os.path.join(run_dir, "pretrained")
-    copy_weights(lm, state)
+    plain = transformers.GPT2LMHeadModel(config)
+    copy_weights(plain, state)
     if rank == 0:
-        lm.save_pretrained(pretrained_dir)  # safetensors, as on the hub
+        plain.save_pretrained(pretrained_dir)  # safetensors, as on the hub
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
 
