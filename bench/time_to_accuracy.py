@@ -3,8 +3,9 @@
 Two tasks, each trained from scratch with a baseline and with speedup variants over several
 seeds:
 
-    fashion_mnist   a small ResNet-style CNN on Fashion-MNIST; target: 91% accuracy on a fixed
-                    random 3,000-image subset of the test set (all 10,000 are scored at the end)
+    fashion_mnist   a small ResNet-style CNN on Fashion-MNIST; target: 91% test accuracy,
+                    checked every 100 steps on a fixed random 3,000-image subset of the test set
+                    and confirmed on all 10,000 images when the subset reaches it
     shakespeare     a character GPT on Shakespeare's works; target: validation loss 2.0 nats/char
                     on 256 fixed windows of held-out text
 
@@ -114,7 +115,9 @@ class Task:
         budget_steps: the run's length in optimizer steps (the horizon of every "dur").
         eval_every: steps between evaluations.
         eval_batches: the fixed held-out batches the target is measured on.
-        final_batches: batches for a final score on a larger set (None: none).
+        full_batches: the whole held-out set, when `eval_batches` is a subset of it (None: it
+            is not). A crossing seen on the subset counts only if it holds on the whole set
+            too, and the final score is taken on it.
         variants: what to compare; the first is the baseline.
         info: facts about the setup for the JSON.
     """
@@ -132,7 +135,7 @@ class Task:
     eval_every: int
     eval_batches: list
     variants: list[Variant]
-    final_batches: list | None = None
+    full_batches: list | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     def reached(self, value: float) -> bool:
@@ -156,7 +159,7 @@ def fashion_mnist_task(quick: bool = False) -> Task:
     """SmallResNet (16/32/64 channels, stem max-pool) on Fashion-MNIST, target 91% test accuracy.
 
     Baseline: AdamW (lr 4e-3, weight decay 5e-4), linear warm-up then linear decay to zero over
-    2,000 steps of batch 64 (2.1 epochs). Variants: the part of Composer's mild recipe that pays
+    3,000 steps of batch 64 (3.2 epochs). Variants: the part of Composer's mild recipe that pays
     on a CPU, mild as published (one seed), and mild's methods one at a time.
     """
     from functrain.datasets import fashion_mnist
@@ -169,13 +172,14 @@ def fashion_mnist_task(quick: bool = False) -> Task:
         train_set = torch.utils.data.TensorDataset(train_x[:1024], train_y[:1024])
         target = 0.2
     else:
-        widths, batch_size, budget, every, n_eval = (16, 32, 64), 64, 2000, 100, 3000
+        widths, batch_size, budget, every, n_eval = (16, 32, 64), 64, 3000, 100, 3000
         train_set = split.train
         target = 0.91
-    # A fixed random subset: the test set's first images are easier than the rest.
+    # A fixed random subset for the frequent checks (the test set's first images are easier
+    # than the rest); the whole test set confirms a crossing and gives the final score.
     subset = torch.randperm(len(test_y), generator=torch.Generator().manual_seed(0))[:n_eval]
     eval_batches = _batches((test_x[subset], test_y[subset]), 500)
-    final_batches = _batches((test_x, test_y), 1000) if not quick else eval_batches
+    full_batches = None if quick else _batches((test_x, test_y), 1000)
 
     def make_model() -> torch.nn.Module:
         return SmallResNet(in_channels=1, num_classes=10, widths=widths, stem_pool=True)
@@ -227,13 +231,13 @@ def fashion_mnist_task(quick: bool = False) -> Task:
         budget_steps=budget,
         eval_every=every,
         eval_batches=eval_batches,
-        final_batches=final_batches,
+        full_batches=full_batches,
         variants=variants,
         info={
             "model": f"SmallResNet(widths={widths}, stem_pool=True)",
             "train_samples": len(train_set),
             "eval_samples": sum(len(b[1]) for b in eval_batches),
-            "final_samples": sum(len(b[1]) for b in final_batches),
+            "full_samples": len(test_y),
             "optimizer": "adamw(lr=4e-3 * linear_with_warmup(0.03dur), weight_decay=5e-4)",
         },
     )
@@ -268,7 +272,7 @@ def shakespeare_task(quick: bool = False) -> Task:
     The last 5% of the corpus is held out; the target is measured on 256 fixed windows of it.
     Baseline: AdamW (lr 3e-3, weight decay 0.1 off biases and norms), linear warm-up then cosine
     decay over 1,000 steps of batch 32. Variants: the transformer recipe (low-precision
-    LayerNorm, ALiBi, GLU, sequence-length warm-up), the part of it that pays on a CPU, and its
+    LayerNorm, ALiBi, GLU, sequence-length warm-up), the recipe without the warm-up, and its
     methods one at a time.
     """
     ids, alphabet = shakespeare_corpus()
@@ -299,9 +303,10 @@ def shakespeare_task(quick: bool = False) -> Task:
         lr = 3e-3 * schedules.cosine_annealing_with_warmup(warmup, t_max=t_max, alpha_f=0.1)
         return optim.adamw(lr=lr, weight_decay=0.1, weight_decay_mask=optim.no_decay_mask)
 
-    def transformer_cpu() -> list:
-        # Sequence-length warm-up saves compute early but costs more steps than it saves here
-        # (see the report); low-precision LayerNorm does nothing outside autocast.
+    def alibi_glu() -> list:
+        # The recipe's two architecture changes alone, to separate what they buy (fewer steps)
+        # from what sequence-length warm-up buys (cheaper early steps). Low-precision LayerNorm
+        # is left out as it does nothing outside autocast.
         keep = ("alibi", "gated_linear_units")
         return [a for a in recipes.transformer(context) if a.name in keep]
 
@@ -309,9 +314,8 @@ def shakespeare_task(quick: bool = False) -> Task:
         Variant("baseline", "baseline", list, "AdamW, warm-up and cosine decay"),
         Variant("transformer", "recipe", lambda: recipes.transformer(context),
                 "low-precision LayerNorm, ALiBi, GLU, sequence-length warm-up (0.3 of the run)"),
-        Variant("transformer_cpu", "recipe", transformer_cpu, "the transformer recipe without "
-                "sequence-length warm-up: ALiBi and GLU (low-precision LayerNorm is a no-op in "
-                "fp32, so it is left out too)"),
+        Variant("alibi_glu", "recipe", alibi_glu, "the transformer recipe without "
+                "sequence-length warm-up: ALiBi and GLU"),
         Variant("alibi", "method",
                 lambda: [alg.alibi(context, train_sequence_length_scaling=1.0)],
                 "ALiBi instead of learned positions (full-length rows, as in the recipe)"),
@@ -388,6 +392,7 @@ class Run:
         # (step, train seconds, train CPU seconds, metric) after every evaluation
         self.history: list[tuple[int, float, float, float]] = []
         self.reached_at: tuple[int, float, float] | None = None
+        self.confirmations: list[tuple[int, float]] = []  # (step, metric on the whole set)
         self.diverged = False
 
     @property
@@ -429,10 +434,19 @@ class Run:
         return float(results[self.task.metric])
 
     def evaluate(self) -> float:
-        """Score the held-out subset, record it, and note the first time the target is met."""
+        """Score the held-out subset, record it, and note the first time the target is met.
+
+        A crossing on the subset is confirmed on the whole set when the task has one (neither
+        evaluation is timed); the run stops only once both meet the target.
+        """
         value = self.score(self.task.eval_batches)
         self.history.append((self.steps, self.train_seconds, self.train_cpu_seconds, value))
         if self.reached_at is None and self.task.reached(value):
+            if self.task.full_batches is not None:
+                full = self.score(self.task.full_batches)
+                self.confirmations.append((self.steps, full))
+                if not self.task.reached(full):
+                    return value
             self.reached_at = (self.steps, self.train_seconds, self.train_cpu_seconds)
         return value
 
@@ -455,6 +469,7 @@ class Run:
             "cpu_seconds_per_step": self.train_cpu_seconds / max(self.steps, 1),
             "diverged": self.diverged,
             "history": [list(h) for h in self.history],
+            "confirmations": [list(c) for c in self.confirmations],
         }
 
 
@@ -515,7 +530,7 @@ def run_task(
             log(f"  [{task.name}] {time.perf_counter() - started:.0f} s, {task.metric} {latest}")
     rows = []
     for run in runs:
-        final = run.score(task.final_batches) if task.final_batches is not None else None
+        final = run.score(task.full_batches) if task.full_batches is not None else None
         rows.append(run.record(final))
     return {
         "task": task.name,
@@ -590,7 +605,9 @@ def summarize(rows: list[dict], baseline: str) -> dict[str, dict[str, Any]]:
 
 
 def _ratio(value: float | None) -> str | None:
-    return None if value is None else f"{value:.2f}x"
+    if value is None:
+        return None
+    return "missed" if value == 0 else f"{value:.2f}x"  # 0: the median run missed the target
 
 
 def run_table(record: dict) -> str:

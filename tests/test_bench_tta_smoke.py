@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import functrain
 from functrain import datasets
 from functrain.datasets import DatasetNotFound
 
@@ -103,3 +104,29 @@ def test_task_target_direction():
     assert accuracy.reached(0.95) and not accuracy.reached(0.85)
     assert loss.reached(1.9) and not loss.reached(2.1)
     assert not loss.reached(float("nan"))
+
+
+def test_a_crossing_on_the_subset_counts_only_once_the_whole_set_confirms_it():
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))
+    batches = [tuple(data.tensors)]
+    task = tta.Task(
+        name="toy", metric="accuracy", target=0.9, higher_is_better=True,
+        make_model=lambda: torch.nn.Linear(4, 3),
+        loss_fn=lambda model, batch: torch.nn.functional.cross_entropy(model(batch[0]), batch[1]),
+        make_optimizer=lambda: functrain.optim.sgd(lr=0.1), train_set=data, batch_size=8,
+        budget_steps=10, eval_every=2, eval_batches=batches[:1], full_batches=batches,
+        variants=[tta.Variant("baseline", "baseline", list, "")],
+    )  # fmt: skip
+    run = tta.Run(task, task.variants[0], seed=0)
+    scores = iter([0.5, 0.95, 0.85, 0.92, 0.93])  # subset, subset, whole, subset, whole
+    run.score = lambda batches: next(scores)
+    run.evaluate()  # 0.5 on the subset: nothing to confirm
+    run.train(2)
+    run.evaluate()  # 0.95 on the subset, 0.85 on the whole set: not yet
+    assert run.reached_at is None and not run.done
+    run.train(2)
+    run.evaluate()  # 0.92 and 0.93: reached at step 4
+    assert run.reached_at[0] == 4 and run.done
+    record = run.record(final_metric=None)
+    assert record["confirmations"] == [[2, 0.85], [4, 0.93]]
+    assert record["steps_to_target"] == 4 and record["final_metric"] == 0.92
