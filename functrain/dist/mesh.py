@@ -68,12 +68,32 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tu
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if present:
-        dist.init_process_group(backend=backend, timeout=timeout)
+        store, rank, world = _attempt_store(timeout)
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world, timeout=timeout
+        )
     else:
         store = dist.HashStore()  # one process: nothing to rendezvous with
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
     atexit.register(shutdown)  # torchrun aborts a rank that exits with a live process group
     return dist.get_rank(), dist.get_world_size()
+
+
+def _attempt_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
+    """torchrun's store, with keys private to this restart attempt; `(store, rank, world)`.
+
+    Why: under `--max-restarts`, torchrun hands every attempt the same agent store with no
+    per-attempt prefix, so gloo's rendezvous in attempt 2 can read the addresses that the dead
+    ranks of attempt 1 published and fail with "Connection refused" (or hang). Prefixing the
+    keys with the restart count gives each attempt a clean namespace.
+    """
+    from torch.distributed.rendezvous import rendezvous
+
+    store, rank, world = next(rendezvous("env://", timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None:
+        store = dist.PrefixStore(f"functrain/attempt_{attempt}", store)
+    return store, rank, world
 
 
 def shutdown() -> None:

@@ -4,11 +4,17 @@
     python -m functrain.launch -n 4 tests/checkpoint/elastic_worker.py --plan fsdp ...
 
 The same script runs alone or under the launcher; with `--run-dir` it auto-resumes, so a run
-started on 4 ranks can be continued on 2 or 3.
+started on 4 ranks can be continued on 2 or 3. With `--interrupt crash|sigterm --interrupt-at K`,
+the first attempt under torchrun (TORCHELASTIC_RESTART_COUNT=0) raises at step K, or SIGTERMs
+itself there and exits with code 75 after fit's preemption checkpoint, so the launcher's
+`--max-restarts` starts a second attempt that auto-resumes.
 """
 
 import argparse
 import json
+import os
+import signal
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -20,13 +26,21 @@ from functrain.data import Loader
 
 
 class LossRecorder:
-    """Keeps each step's loss (already averaged over the data-parallel ranks by the step)."""
+    """Keeps each step's loss (already averaged over the data-parallel ranks by the step), and
+    interrupts the first torchrun attempt at step `at` when asked."""
 
-    def __init__(self):
+    def __init__(self, interrupt: str | None = None, at: int = 0):
         self.losses = {}
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
+        self.interrupt = interrupt if first_attempt else None
+        self.at = at
 
     def batch_end(self, ctx):
         self.losses[ctx.state.step] = float(ctx.metrics["loss"])
+        if self.interrupt is not None and ctx.state.step == self.at:
+            if self.interrupt == "crash":
+                raise RuntimeError(f"crash at step {self.at} (first attempt)")
+            os.kill(os.getpid(), signal.SIGTERM)  # as a preempting scheduler would
 
 
 def loss_fn(model, batch):
@@ -40,6 +54,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--interrupt", choices=("crash", "sigterm"), default=None)
+    parser.add_argument("--interrupt-at", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
@@ -55,9 +71,9 @@ def main() -> None:
     mesh = fdist.init_mesh() if plan else None
     state = functrain.init(model, optimizer, seed=0, mesh=mesh, plan=plan)
     step = functrain.make_step(model, loss_fn, optimizer)
-    recorder = LossRecorder()
+    recorder = LossRecorder(args.interrupt, args.interrupt_at)
     manager = Manager(args.run_dir, every="4ba", keep_last=None, async_save=False)
-    functrain.fit(
+    state = functrain.fit(
         step,
         state,
         loader,
@@ -72,6 +88,8 @@ def main() -> None:
             json.dump(recorder.losses, f)
     if plan:
         fdist.shutdown()
+    if state.step < args.steps:  # stopped early by SIGTERM: ask torchrun for a restart
+        sys.exit(75)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Elastic resume: trained on 4 ranks (FSDP), resumed on 2 (DDP) and on 3 (FSDP), the losses match
-an uninterrupted one-process run within 1e-5."""
+an uninterrupted one-process run within 1e-5; and a run interrupted under the launcher (a crash or
+a SIGTERM) is restarted by torchrun's `--max-restarts` and resumes to the same losses."""
 
 import json
 import os
@@ -14,12 +15,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).resolve().parent / "elastic_worker.py"
 
 
-def run(n: int | None, args: list[str]) -> None:
+def run(n: int | None, args: list[str], launcher_args: tuple[str, ...] = ()) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     prefix = (
-        [sys.executable] if n is None else [sys.executable, "-m", "functrain.launch", "-n", str(n)]
+        [sys.executable]
+        if n is None
+        else [sys.executable, "-m", "functrain.launch", "-n", str(n), *launcher_args]
     )
     proc = subprocess.run(
         [*prefix, str(WORKER), *args],
@@ -95,3 +98,22 @@ def test_trained_on_4_ranks_resumed_on_2_and_3_matches_the_uninterrupted_run(tmp
         combined = {**first_half, **resumed}
         for step, loss in reference.items():
             assert abs(combined[step] - loss) <= 1e-5, (step, combined[step], loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("interrupt", "resumed_from"), [("crash", 4), ("sigterm", 6)])
+def test_an_interrupted_run_is_restarted_by_the_launcher_and_resumes(
+    tmp_path, interrupt, resumed_from
+):
+    # The first attempt (2 ranks, FSDP, a checkpoint every 4 steps) is interrupted at step 6:
+    # a crash resumes from step 4's checkpoint; a SIGTERM writes one at step 6 first. torchrun's
+    # `--max-restarts 1` starts the second attempt, which auto-resumes and ends at step 12.
+    run(None, ["--steps", "12", "--run-dir", str(tmp_path / "ref"), "--out", str(tmp_path / "r")])
+    reference = losses(tmp_path / "r")
+    args = ["--plan", "fsdp", "--steps", "12", "--run-dir", str(tmp_path / "run")]
+    args += ["--out", str(tmp_path / "out"), "--interrupt", interrupt, "--interrupt-at", "6"]
+    run(2, args, launcher_args=["--max-restarts", "1"])
+    resumed = losses(tmp_path / "out")  # written by the second attempt only
+    assert sorted(resumed) == list(range(resumed_from + 1, 13))
+    for step, loss in resumed.items():
+        assert abs(loss - reference[step]) <= 1e-5, (step, loss, reference[step])
