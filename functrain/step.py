@@ -50,6 +50,7 @@ from . import precision as precision_lib
 from .batching import num_samples, split_batch
 from .dist import compute as dist_compute
 from .optim import apply_updates, current_lr, global_norm
+from .optim._foreach import is_dtensor
 from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState, trainable_names
@@ -277,18 +278,33 @@ class Step:
         return state.replace(params={**state.params, **new_params}, opt_state=opt_state)
 
     def _can_fuse(self, params: dict, grads: dict) -> bool:
-        """True when the optimizer's fused in-place path applies: plain tensors, one device and
-        dtype, outside torch.compile (which fuses the foreach path itself)."""
+        """True when the optimizer's fused in-place path applies: one device and dtype, outside
+        torch.compile (which fuses the foreach path itself), and either plain tensors or DTensors
+        placed exactly like their parameter (the kernel is elementwise, so it runs on each rank's
+        local pieces without DTensor's per-op dispatch)."""
         if getattr(self.optimizer, "fused_update", None) is None or torch.compiler.is_compiling():
             return False
-        tensors = list(params.values()) + list(grads.values())
-        if not tensors:
+        if not grads:
             return False
-        first = tensors[0]
-        return all(
-            type(t) is torch.Tensor and t.dtype == first.dtype and t.device == first.device
-            for t in tensors
-        ) and first.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+        locals_ = []
+        for name, grad in grads.items():
+            param = params[name]
+            if is_dtensor(param) or is_dtensor(grad):
+                if not (
+                    is_dtensor(param)
+                    and is_dtensor(grad)
+                    and grad.placements == param.placements
+                    and grad.device_mesh == param.device_mesh
+                ):
+                    return False
+                param, grad = param._local_tensor, grad._local_tensor
+            elif type(param) is not torch.Tensor or type(grad) is not torch.Tensor:
+                return False
+            locals_ += [param, grad]
+        first = locals_[0]
+        return all(t.dtype == first.dtype and t.device == first.device for t in locals_) and (
+            first.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+        )
 
     # -- the step ----------------------------------------------------------------------------
 

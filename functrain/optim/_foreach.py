@@ -31,6 +31,11 @@ def is_dtensor(x: Any) -> bool:
     return module is not None and isinstance(x, module.DTensor)
 
 
+def local_pieces(xs: list[Any]) -> list[torch.Tensor]:
+    """Each DTensor's local tensor (sharing its storage), plain tensors as they are."""
+    return [x._local_tensor if is_dtensor(x) else x for x in xs]
+
+
 def fe(op: str, xs: list[torch.Tensor], *args: Any, inplace: bool = False, **kwargs: Any) -> list:
     """Apply `torch._foreach_<op>` (or `torch._foreach_<op>_` when `inplace`) to `xs`.
 

@@ -162,13 +162,14 @@ def optimizer():
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def reference(kind: str, steps: int = STEPS, opt=None):
+def reference(kind: str, steps: int = STEPS, opt=None, donate: bool = False):
     """Single-process training on the global batches: `({name: tensor}, [loss per step])`."""
     fdist.set_current_mesh(None)
     model = make(kind)
     opt = opt or optimizer()
     state = functrain.init(model, opt, seed=0)
-    step = functrain.make_step(model, lm_loss if kind != "mlp" else classify_loss, opt)
+    loss_fn = lm_loss if kind != "mlp" else classify_loss
+    step = functrain.make_step(model, loss_fn, opt, donate=donate)
     losses = []
     for batch in batches(kind, steps):
         state, metrics = step(state, batch)
@@ -176,13 +177,14 @@ def reference(kind: str, steps: int = STEPS, opt=None):
     return {k: v.detach() for k, v in state.params.items()}, losses
 
 
-def train(kind: str, mesh, plan, steps: int = STEPS, opt=None):
+def train(kind: str, mesh, plan, steps: int = STEPS, opt=None, donate: bool = False):
     """Training on the mesh, each data-parallel rank on its slice of the same global batches."""
     fdist.set_current_mesh(mesh)
     model = make(kind)
     opt = opt or optimizer()
     state = functrain.init(model, opt, seed=0, mesh=mesh, plan=plan)
-    step = functrain.make_step(model, lm_loss if kind != "mlp" else classify_loss, opt)
+    loss_fn = lm_loss if kind != "mlp" else classify_loss
+    step = functrain.make_step(model, loss_fn, opt, donate=donate)
     rank, world = fdist.data_parallel_info()
     losses = []
     fdist.COUNTER.reset()
@@ -216,11 +218,21 @@ def mesh_for(world: int, dp_replicate=1, tp=1):
 # -- scenarios --------------------------------------------------------------------------------
 
 
-def scenario_plan(kind: str, plan: str, dp_replicate: int = 1, tp: int = 1):
+def scenario_plan(kind: str, plan: str, dp_replicate: int = 1, tp: int = 1, fused=False):
+    """`plan` on N ranks vs one process. `fused`: plain AdamW in a donating step, so both take
+    the fused in-place kernel (on DTensors' local pieces under the mesh) instead of the chain
+    with global-norm clipping."""
+
     def run(world):
-        ref, ref_losses = on_rank0(reference, kind) or (None, None)
+        opt = functrain.optim.adamw(1e-2) if fused else None
+        ref, ref_losses = on_rank0(reference, kind, opt=opt, donate=fused) or (None, None)
         mesh = mesh_for(world, dp_replicate, tp)
-        state, losses, comm = train(kind, mesh, plan)
+        kernel, fused_calls = torch._fused_adamw_, []
+        torch._fused_adamw_ = lambda *a, **k: fused_calls.append(1) or kernel(*a, **k)
+        try:
+            state, losses, comm = train(kind, mesh, plan, opt=opt, donate=fused)
+        finally:
+            torch._fused_adamw_ = kernel
         full = fdist.full_params(state.params)
         placements = {k: [str(p) for p in v.placements] for k, v in state.params.items()}
         return {
@@ -233,6 +245,7 @@ def scenario_plan(kind: str, plan: str, dp_replicate: int = 1, tp: int = 1):
             "loss_last": losses[-1],
             "comm": comm,
             "param_bytes": param_bytes(full),
+            "fused_calls": len(fused_calls),
         }
 
     return run
@@ -365,6 +378,7 @@ def scenarios_for(world: int) -> dict:
         return {
             "ddp": scenario_plan("mlp", "ddp"),
             "fsdp": scenario_plan("mlp", "fsdp"),  # a 5-wide bias on 4 ranks: one empty shard
+            "fsdp_fused": scenario_plan("mlp", "fsdp", fused=True),
             "hsdp": scenario_plan("mlp", "hsdp", dp_replicate=2),
             "tp_fsdp": scenario_plan("gpt", "tp+fsdp", tp=2),
             "global_norm": scenario_global_norm,
@@ -372,6 +386,8 @@ def scenarios_for(world: int) -> dict:
     return {
         "ddp": scenario_plan("mlp", "ddp"),
         "fsdp": scenario_plan("mlp", "fsdp"),
+        "ddp_fused": scenario_plan("mlp", "ddp", fused=True),
+        "fsdp_fused": scenario_plan("mlp", "fsdp", fused=True),
         "tied_ddp": scenario_plan("tied", "ddp"),
         "tied_fsdp": scenario_plan("tied", "fsdp"),
         "tp": scenario_plan("gpt", "tp", tp=2),

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from dist_launching import HERE, launch, launched_world
+from dist_worker import STEPS
 
 TOLERANCE = 1e-5
 _results: dict[int, dict] = {}
@@ -50,11 +51,14 @@ def close(value, tolerance=TOLERANCE):
 PLANS = [
     (2, "ddp"),
     (2, "fsdp"),
+    (2, "ddp_fused"),
+    (2, "fsdp_fused"),
     (2, "tied_ddp"),
     (2, "tied_fsdp"),
     (2, "tp"),
     (4, "ddp"),
     (4, "fsdp"),
+    (4, "fsdp_fused"),
     (4, "hsdp"),
     (4, "tp_fsdp"),
 ]
@@ -69,6 +73,8 @@ def test_n_ranks_match_one_process(world, scenario, tmp_path_factory):
     )
     assert close(result["loss_error"]), f"loss metric differs by {result['loss_error']}"
     assert result["loss_last"] < result["loss_first"]  # it trained
+    if scenario.endswith("_fused"):  # the fused kernel ran on the local pieces, every step
+        assert result["fused_calls"] == STEPS
 
 
 def test_tensor_parallel_block_costs_four_all_reduces(tmp_path_factory):
