@@ -49,10 +49,54 @@ def fe(op: str, xs: list[torch.Tensor], *args: Any, inplace: bool = False, **kwa
     """
     if not xs:  # foreach kernels reject empty lists
         return xs if inplace else []
+    if is_dtensor(xs[0]) and op not in _REDUCTIONS:
+        local = _on_local_pieces(op, xs, args, kwargs, inplace)
+        if local is not None:
+            return local
     if inplace:
         getattr(torch, f"_foreach_{op}_")(xs, *args, **kwargs)
         return xs
     return list(getattr(torch, f"_foreach_{op}")(xs, *args, **kwargs))
+
+
+_REDUCTIONS = frozenset({"norm", "max"})  # not elementwise: a shard's answer is not the whole's
+
+
+def _on_local_pieces(op: str, xs: list, args: tuple, kwargs: dict, inplace: bool) -> list | None:
+    """The elementwise op on each DTensor's local piece, or None when the pieces do not line up.
+
+    Why: DTensor dispatches a foreach op tensor by tensor, with a sharding decision each, which
+    made the optimizer dominate a DDP step. When every tensor argument is a DTensor placed like
+    the corresponding `xs[i]`, the op is the same on each rank's pieces.
+    """
+    lists = [a for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple))]
+    for other in lists:
+        if len(other) != len(xs) or not all(
+            is_dtensor(o) and o.placements == x.placements and o.device_mesh == x.device_mesh
+            for o, x in zip(other, xs)
+        ):
+            return None
+    if any(isinstance(a, torch.Tensor) and a.dim() > 0 for a in (*args, *kwargs.values())):
+        return None
+    if any(is_dtensor(a) for a in (*args, *kwargs.values())):
+        return None
+
+    def unwrap(a):
+        return local_pieces(a) if isinstance(a, (list, tuple)) else a
+
+    pieces = local_pieces(xs)
+    args = tuple(unwrap(a) for a in args)
+    kwargs = {k: unwrap(v) for k, v in kwargs.items()}
+    if inplace:
+        getattr(torch, f"_foreach_{op}_")(pieces, *args, **kwargs)
+        return xs
+    outs = getattr(torch, f"_foreach_{op}")(pieces, *args, **kwargs)
+    DTensor = sys.modules["torch.distributed.tensor"].DTensor
+    return [
+        DTensor.from_local(o, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                           stride=x.stride())
+        for o, x in zip(outs, xs)
+    ]  # fmt: skip
 
 
 def copy_into(dst: list[torch.Tensor], src: list[torch.Tensor]) -> list[torch.Tensor]:
