@@ -27,6 +27,8 @@ def is_dtensor(x: Any) -> bool:
 
     No DTensor can exist unless that module has been imported, so looking it up suffices.
     """
+    if type(x) is torch.Tensor:  # the common case, without a module lookup
+        return False
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(x, module.DTensor)
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import torch
+
 from ..tree import tree_flatten
 from ._foreach import evaluate, start_value
 from .base import Transform
@@ -133,6 +135,8 @@ def current_lr(opt_state: Any) -> float | None:
     else:
         return None
     for child in children:
+        if isinstance(child, torch.Tensor):  # a moment or parameter, not a state to search
+            continue
         found = current_lr(child)
         if found is not None:
             return found
