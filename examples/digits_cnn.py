@@ -12,10 +12,16 @@ whole recipe: a model, a loss, an optimizer with a schedule, `functrain.init`, `
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
+from _common import (
+    add_run_args,
+    data_parallel_mesh,
+    example_parser,
+    resumable_checkpoints,
+    set_threads,
+)
 from torch import nn
 
 import functrain
@@ -44,29 +50,17 @@ def loss_fn(model: nn.Module, batch) -> torch.Tensor:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
-    parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--run-dir", default=None, help="checkpoints here; a rerun resumes")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--quick", action="store_true", help="one epoch (a smoke test)")
+    add_run_args(parser, lr=1e-2, quick_help="one epoch (a smoke test)")
     return parser.parse_args(argv)
-
-
-def setup_distributed():
-    """A data-parallel mesh under `functrain.launch` / torchrun, else None (one process)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return functrain.dist.init_mesh()
-    return None
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    mesh = setup_distributed()
+    set_threads(args.threads)
+    mesh = data_parallel_mesh()
     split = datasets.digits(seed=0)
     train = Loader(split.train, args.batch_size, seed=args.seed)
     test = Loader(split.test, 512, shuffle=False, drop_last=False)
@@ -81,12 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from functrain.loggers import ConsoleLogger, ProgressBar
 
-    checkpoints = None
-    if args.run_dir:
-        from functrain.checkpoint import Manager
-
-        checkpoints = Manager(os.path.join(args.run_dir, "checkpoints"), every="1ep", keep_last=2)
-    try:
+    with resumable_checkpoints(args.run_dir, every="1ep") as checkpoints:
         state = fit(
             step,
             state,
@@ -100,9 +89,6 @@ def main(argv: list[str] | None = None) -> dict:
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,
         )
-    finally:
-        if checkpoints is not None:
-            checkpoints.close()
     results = evaluate(step, state, test, metrics=["accuracy"])
     rank, _ = functrain.dist.data_parallel_info()
     if rank == 0:

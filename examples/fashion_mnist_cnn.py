@@ -11,11 +11,17 @@ The images come from Debian's `dataset-fashion-mnist` package (IDX files under
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
+from _common import (
+    add_run_args,
+    data_parallel_mesh,
+    example_parser,
+    resumable_checkpoints,
+    set_threads,
+)
 from torch import nn
 from torch.utils.data import Subset
 
@@ -42,26 +48,21 @@ def loss_fn(model: nn.Module, batch) -> torch.Tensor:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument("--epochs", type=float, default=3)
     parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--run-dir", default=None, help="checkpoints here; a rerun resumes")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--quick", action="store_true", help="30 steps, 1,000 test images")
+    add_run_args(parser, lr=3e-3, quick_help="30 steps, 1,000 test images")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     try:
         split = datasets.fashion_mnist()
     except datasets.DatasetNotFound as error:
         sys.exit(f"fashion_mnist_cnn: {error}")
-    mesh = functrain.dist.init_mesh() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    mesh = data_parallel_mesh()
     test_set = Subset(split.test, range(1000)) if args.quick else split.test
     train = Loader(split.train, args.batch_size, seed=args.seed)
     test = Loader(test_set, 1000, shuffle=False, drop_last=False)
@@ -76,13 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from functrain.loggers import ConsoleLogger, ProgressBar
 
-    checkpoints = None
-    if args.run_dir:
-        from functrain.checkpoint import Manager
-
-        path = os.path.join(args.run_dir, "checkpoints")
-        checkpoints = Manager(path, every="200ba", keep_last=2)
-    try:
+    with resumable_checkpoints(args.run_dir, every="200ba") as checkpoints:
         state = fit(
             step,
             state,
@@ -95,9 +90,6 @@ def main(argv: list[str] | None = None) -> dict:
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,
         )
-    finally:
-        if checkpoints is not None:
-            checkpoints.close()
     results = evaluate(step, state, test, metrics=["accuracy"])
     if functrain.dist.data_parallel_info()[0] == 0:
         print(

@@ -13,10 +13,16 @@ character on held-out text, where a bigram model gets 2.5; the default 3,000 ste
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
+from _common import (
+    add_run_args,
+    data_parallel_mesh,
+    example_parser,
+    resumable_checkpoints,
+    set_threads,
+)
 from torch.utils.data import Subset
 
 import functrain
@@ -64,26 +70,21 @@ def sample(step, state, vocab: CharVocab, prompt: str, length: int, seed: int = 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = example_parser(__doc__)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--width", type=int, default=96)
     parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--run-dir", default=None, help="checkpoints here; a rerun resumes")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--quick", action="store_true", help="20 steps on three plays")
+    add_run_args(parser, lr=3e-3, quick_help="20 steps on three plays")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     text = load_text(args.quick)
-    mesh = functrain.dist.init_mesh() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    mesh = data_parallel_mesh()
     vocab = CharVocab(text)
     tokens = vocab.encode(text)
     cut = int(0.95 * len(tokens))  # the last 5% is held out
@@ -110,14 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from functrain.loggers import ConsoleLogger, ProgressBar
 
-    checkpoints = None
-    if args.run_dir:
-        from functrain.checkpoint import Manager
-
-        path = os.path.join(args.run_dir, "checkpoints")
-        checkpoints = Manager(path, every="250ba", keep_last=2)
     steps = 20 if args.quick else args.steps
-    try:
+    with resumable_checkpoints(args.run_dir, every="250ba") as checkpoints:
         state = fit(
             step,
             state,
@@ -131,9 +126,6 @@ def main(argv: list[str] | None = None) -> dict:
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,
         )
-    finally:
-        if checkpoints is not None:
-            checkpoints.close()
     results = evaluate(step, state, val, metrics=["perplexity"])
     text_sample = sample(step, state, vocab, "\n", 40 if args.quick else 300, seed=args.seed)
     if functrain.dist.data_parallel_info()[0] == 0:

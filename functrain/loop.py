@@ -25,9 +25,17 @@ from typing import Any
 import torch
 
 from .batching import to_device
-from .data import DataSource, Loader
+from .data import DataSource
 from .evaluation import describe_batch, dp_info, evaluate, predict, run_eval, state_device
 from .events import Context, Event, dispatch, unique_names
+from .horizon import Every as _Every
+from .horizon import (
+    check_fraction_intervals,
+    data_batches_per_epoch,
+    max_batches_for,
+    run_finished,
+)
+from .horizon import parse_time as _parse_time
 from .metrics import resolve_metrics
 from .preemption import (
     StopOnSigterm,
@@ -39,10 +47,11 @@ from .preemption import (
 )
 from .rng import RngState, seed_for
 from .state import TrainState
-from .time import Time, TimeLike, Timestamp, TimeUnit
+from .time import TimeLike, TimeUnit
 
 # `evaluate` and `predict` live in functrain.evaluation; re-exported so `from functrain.loop
-# import evaluate, predict` keeps working.
+# import evaluate, predict` keeps working. The duration/interval parsing (`_parse_time`, `_Every`)
+# lives in functrain.horizon; its old private names stay importable from here.
 __all__ = ["StepError", "evaluate", "fit", "predict"]
 
 # Step metrics that are counts, not measurements: kept out of the "train/" logs.
@@ -140,59 +149,6 @@ def fit(
         seed=seed,
     )
     return run.run()
-
-
-def _parse_time(value: Any, what: str, allow_none: bool = False) -> Time | None:
-    if value is None and allow_none:
-        return None
-    try:
-        parsed = Time.coerce(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"fit({what}={value!r}): {error}") from None
-    if parsed.value <= 0:
-        raise ValueError(f"fit({what}={value!r}): must be positive")
-    return parsed
-
-
-class _Every:
-    """Whether an interval falls on a batch end or an epoch end."""
-
-    def __init__(self, interval: Time | None):
-        self.interval = interval
-        self._last_clock = wallclock.monotonic()
-
-    @property
-    def by_epoch(self) -> bool:
-        interval = self.interval
-        return (
-            interval is not None
-            and interval.unit is TimeUnit.EPOCH
-            and float(interval.value).is_integer()
-        )
-
-    def at_batch_end(self, ts: Timestamp) -> bool:
-        interval = self.interval
-        if interval is None:
-            return False
-        if self.by_epoch:  # the batch that completes a due epoch
-            bpe = ts.batches_per_epoch
-            return (
-                bool(bpe) and ts.batch_in_epoch == bpe and (ts.epoch + 1) % int(interval.value) == 0
-            )
-        if interval.unit is TimeUnit.SECOND:
-            now = wallclock.monotonic()
-            if now - self._last_clock >= interval.value:
-                self._last_clock = now
-                return True
-            return False
-        try:
-            every = max(1, round(ts.to_batches(interval)))
-        except ValueError:  # samples/tokens before any was counted
-            return False
-        return ts.batch % every == 0
-
-    def at_epoch_end(self, ts: Timestamp) -> bool:
-        return self.by_epoch and ts.epoch % int(self.interval.value) == 0
 
 
 class _FitRun:
@@ -372,7 +328,8 @@ class _FitRun:
         if not before.batches_per_epoch and before.batch_in_epoch:
             after = after.replace(batches_per_epoch=before.batch_in_epoch)  # learnt from the data
         if not after.max_batches and self.duration.unit is TimeUnit.EPOCH:
-            self.max_batches = self._max_batches(after.batches_per_epoch, after)
+            bpe = after.batches_per_epoch
+            self.max_batches = max_batches_for(self.duration, bpe, after, self.source.data)
             after = after.replace(max_batches=self.max_batches)
         self.state = self.state.replace(timestamp=after)
         self.ctx.state = self.state
@@ -393,68 +350,20 @@ class _FitRun:
     # -- horizon -----------------------------------------------------------------------------
 
     def _set_horizon(self) -> None:
-        data = self.source.data
-        if isinstance(data, Loader):
-            bpe = data.num_batches
-            if data.world_size > 1 and not data.drop_last:
-                last = data.num_samples % data.batch_size
-                if last % data.world_size:
-                    raise ValueError(
-                        f"training on {data.world_size} ranks with drop_last=False: the last "
-                        f"batch of {last} samples cannot be split evenly over the ranks; use "
-                        "Loader(..., drop_last=True) for training"
-                    )
-        else:
-            bpe = self.source.batches_per_epoch()
-        if bpe == 0 and _has_len(data):
-            raise ValueError(
-                "train_data is empty (0 batches per epoch): check the dataset's length, and "
-                "that batch_size is not larger than the dataset with drop_last=True"
-            )
         ts = self.state.timestamp
-        if not bpe:
-            bpe = ts.batches_per_epoch  # learnt in an earlier epoch of this run
-        self.max_batches = self._max_batches(bpe, ts)
+        # 0 when the data has no length: then what an earlier epoch of this run learnt, if any
+        bpe = data_batches_per_epoch(self.source) or ts.batches_per_epoch
+        self.max_batches = max_batches_for(self.duration, bpe, ts, self.source.data)
         self.state = self.state.replace(
             timestamp=ts.replace(batches_per_epoch=bpe, max_batches=self.max_batches)
         )
         self.ctx.state = self.state
         self._elapsed0, self._t0 = self.state.timestamp.elapsed_sec, wallclock.monotonic()
-        for what, every in (("eval_interval", self.eval_every), ("log_interval", self.log_every)):
-            unit = every.interval.unit if every.interval is not None else None
-            if (
-                unit is TimeUnit.DURATION
-                and not self.max_batches
-                and self.duration.unit
-                not in (
-                    TimeUnit.SAMPLE,
-                    TimeUnit.TOKEN,
-                )
-            ):
-                raise ValueError(
-                    f"fit({what}={str(every.interval)!r}): a fraction of the run needs a known "
-                    f"run length, but duration={str(self.duration)!r} gives none for this data; "
-                    "use batches or epochs"
-                )
-
-    def _max_batches(self, bpe: int, ts: Timestamp) -> int:
-        duration = self.duration
-        if duration.unit is TimeUnit.BATCH:
-            return int(math.ceil(duration.value))
-        if duration.unit is TimeUnit.EPOCH:
-            if bpe:
-                return int(math.ceil(duration.value * bpe - 1e-9))
-            if not float(duration.value).is_integer():
-                raise ValueError(
-                    f"fit(duration={duration}): a fractional number of epochs needs data with a "
-                    "length; use batches instead"
-                )
-            return 0
-        if duration.unit is TimeUnit.SAMPLE and isinstance(self.source.data, Loader):
-            return int(math.ceil(duration.value / self.source.data.batch_size))
-        if duration.unit in (TimeUnit.SAMPLE, TimeUnit.TOKEN) and ts.batch:
-            return int(math.ceil(ts.to_batches(duration) - 1e-9))
-        return 0  # tokens before the first batch, wall-clock time: estimated or unknown
+        check_fraction_intervals(
+            self.duration,
+            self.max_batches,
+            {"eval_interval": self.eval_every.interval, "log_interval": self.log_every.interval},
+        )
 
     def _estimate_horizon(self) -> None:
         """Samples/tokens durations: fix `max_batches` after the first counted batch."""
@@ -469,10 +378,7 @@ class _FitRun:
         self.state = self.state.replace(timestamp=ts.replace(max_batches=estimate))
 
     def _done(self) -> bool:
-        ts, duration = self.state.timestamp, self.duration
-        if duration.unit in (TimeUnit.BATCH, TimeUnit.EPOCH) and ts.max_batches:
-            return ts.batch >= ts.max_batches
-        return ts.reached(duration)
+        return run_finished(self.duration, self.state.timestamp)
 
     def _batch(self) -> int:
         return self.state.timestamp.batch
@@ -531,11 +437,3 @@ def _eval_sets(eval_data: Any) -> dict[str | None, Any]:
     if isinstance(eval_data, Mapping):
         return {str(k): v for k, v in eval_data.items()}
     return {None: eval_data}
-
-
-def _has_len(data: Any) -> bool:
-    try:
-        len(data)
-    except TypeError:
-        return False
-    return True

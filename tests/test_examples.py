@@ -16,6 +16,10 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
 def load_example(name):
+    # The scripts import their shared `_common` from their own directory, which is on sys.path
+    # when they run as scripts (directly or under functrain.launch) but not when loaded by path.
+    if str(EXAMPLES) not in sys.path:
+        sys.path.append(str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ..functional.augmentation_primitives import check_severity, resolve_augmentation_set
 from ..functional.augmix import augmix_batch
-from ..functional.batch import get_item, set_item
 from ..step import Algorithm
-from .batch_transform import batch_algorithm, step_generator
+from .batch_transform import image_batch_algorithm
 
 
 def augmix(
@@ -53,20 +50,16 @@ def augmix(
         raise ValueError(f"AugMix alpha must be > 0, got {alpha}")
     resolve_augmentation_set(augmentation_set)
 
-    def transform(state, batch):
-        images = get_item(batch, input_key)
-        if not isinstance(images, torch.Tensor) or images.dim() != 4:
-            raise TypeError(f"augmix needs (N, C, H, W) image tensors at key {input_key!r}")
-        mixed = augmix_batch(
+    def augment(images, generator):
+        return augmix_batch(
             images,
             severity,
             depth,
             width,
             alpha,
             augmentation_set,
-            generator=step_generator(state, "augmix"),
+            generator=generator,
             value_range=value_range,
         )
-        return set_item(batch, input_key, mixed)
 
-    return batch_algorithm("augmix", transform)
+    return image_batch_algorithm("augmix", input_key, augment)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..dist.compute import data_parallel_info
+from ..functional.batch import get_item, set_item
 from ..rng import key_for
 from ..state import TrainState
 from ..step import Algorithm, StepPieces
@@ -74,3 +75,31 @@ def batch_algorithm(
         return pieces._replace(**changes)
 
     return Algorithm(name=name, apply=apply)
+
+
+def image_batch_algorithm(
+    name: str,
+    input_key: Any,
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor],
+) -> Algorithm:
+    """An `Algorithm` that replaces the images at `input_key` by `augment(images, generator)`.
+
+    The images must be an `(N, C, H, W)` tensor; `generator` is the step's key for `name`.
+
+    Args:
+        name: the algorithm's name (its random stream, and the name its errors give).
+        input_key: where the images sit in the batch.
+        augment: the pure image transform, e.g. a `functrain.functional` `*_batch` function.
+    Returns:
+        the stateless, exactly resumable `Algorithm`.
+    Example:
+        >>> flip = image_batch_algorithm("flip", 0, lambda images, generator: images.flip(-1))
+    """
+
+    def transform(state, batch):
+        images = get_item(batch, input_key)
+        if not isinstance(images, torch.Tensor) or images.dim() != 4:
+            raise TypeError(f"{name} needs (N, C, H, W) image tensors at key {input_key!r}")
+        return set_item(batch, input_key, augment(images, step_generator(state, name)))
+
+    return batch_algorithm(name, transform)

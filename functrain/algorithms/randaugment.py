@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ..functional.augmentation_primitives import check_severity, resolve_augmentation_set
-from ..functional.batch import get_item, set_item
 from ..functional.randaugment import randaugment_batch
 from ..step import Algorithm
-from .batch_transform import batch_algorithm, step_generator
+from .batch_transform import image_batch_algorithm
 
 
 def randaugment(
@@ -47,18 +44,14 @@ def randaugment(
         raise ValueError(f"RandAugment depth must be >= 0, got {depth}")
     resolve_augmentation_set(augmentation_set)  # fail at construction on a bad name
 
-    def transform(state, batch):
-        images = get_item(batch, input_key)
-        if not isinstance(images, torch.Tensor) or images.dim() != 4:
-            raise TypeError(f"randaugment needs (N, C, H, W) image tensors at key {input_key!r}")
-        augmented = randaugment_batch(
+    def augment(images, generator):
+        return randaugment_batch(
             images,
             severity,
             depth,
             augmentation_set,
-            generator=step_generator(state, "randaugment"),
+            generator=generator,
             value_range=value_range,
         )
-        return set_item(batch, input_key, augmented)
 
-    return batch_algorithm("randaugment", transform)
+    return image_batch_algorithm("randaugment", input_key, augment)

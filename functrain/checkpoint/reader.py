@@ -38,7 +38,7 @@ from .errors import (
     CheckpointNotFoundError,
 )
 from .sharding import dtensor_from_local, is_dtensor
-from .writer import leaf_paths
+from .staging import leaf_paths
 
 WEIGHT_FIELDS = ("params", "buffers")
 _ORBAX_TMP = ".orbax-checkpoint-tmp"

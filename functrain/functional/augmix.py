@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
+from .augmentation_chains import apply_random_chain, on_image_or_batch
 from .augmentation_primitives import (
     check_severity,
     from_unit_range,
     resolve_augmentation_set,
     to_unit_range,
 )
-from .randaugment import apply_chain_step
 from .sampling import numpy_rng, require_generator
 
 
@@ -80,12 +80,7 @@ def augmix_batch(
             depths = torch.full((n,), depth)
         else:
             depths = torch.randint(1, 4, (n,), generator=generator)
-        augmented = x
-        for level in range(int(depths.max())):
-            choice = torch.randint(len(ops), (n,), generator=generator)
-            augmented = apply_chain_step(
-                augmented, choice, ops, severity, generator, active=depths > level
-            )
+        augmented = apply_random_chain(x, ops, severity, generator, depths)
         combined = combined + chain_weights[:, chain].view(-1, 1, 1, 1) * augmented
     m = mixing.view(-1, 1, 1, 1)
     mixed = (1 - m) * x + m * combined
@@ -109,19 +104,8 @@ def augmix_image(
     Returns:
         the mixed image(s), same shape and dtype.
     """
-    if img.dim() == 3:
-        out = augmix_batch(
-            img.unsqueeze(0),
-            severity,
-            depth,
-            width,
-            alpha,
-            augmentation_set,
-            generator=generator,
-            value_range=value_range,
-        )
-        return out.squeeze(0)
-    return augmix_batch(
+    return on_image_or_batch(
+        augmix_batch,
         img,
         severity,
         depth,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .augmentation_chains import apply_chain_step, apply_random_chain, on_image_or_batch
 from .augmentation_primitives import (
     check_severity,
     from_unit_range,
@@ -23,31 +24,8 @@ from .augmentation_primitives import (
 )
 from .sampling import require_generator
 
-
-def apply_chain_step(images, op_index, ops, severity, generator, active=None) -> torch.Tensor:
-    """Apply operation `ops[op_index[i]]` to image `i` (only where `active[i]`), grouping by operation.
-
-    Args:
-        images: `(N, C, H, W)` in [0, 1].
-        op_index: `(N,)` integer choices.
-        ops: the operations.
-        severity: their level.
-        generator: the source of each operation's strengths (operations in list order).
-        active: optional `(N,)` bool mask of the images to touch.
-    Returns:
-        the new images (the input is not modified).
-    """
-    out = images
-    for k, op in enumerate(ops):
-        chosen = op_index == k
-        if active is not None:
-            chosen = chosen & active
-        rows = torch.nonzero(chosen).flatten()
-        if rows.numel() == 0:
-            continue
-        rows = rows.to(images.device)
-        out = out.index_copy(0, rows, op(out.index_select(0, rows), severity, generator))
-    return out
+# `apply_chain_step` lives in `augmentation_chains`; re-exported for `from .randaugment import`.
+__all__ = ["apply_chain_step", "randaugment_batch", "randaugment_image"]
 
 
 def randaugment_batch(
@@ -83,10 +61,7 @@ def randaugment_batch(
     if depth == 0 or images.shape[0] == 0:
         return images
     generator = require_generator(generator, "RandAugment's operations")
-    out = to_unit_range(images, value_range)
-    for _ in range(depth):
-        choice = torch.randint(len(ops), (images.shape[0],), generator=generator)
-        out = apply_chain_step(out, choice, ops, severity, generator)
+    out = apply_random_chain(to_unit_range(images, value_range), ops, severity, generator, depth)
     return from_unit_range(out, value_range, images)
 
 
@@ -105,16 +80,12 @@ def randaugment_image(
     Returns:
         the augmented image(s), same shape and dtype.
     """
-    if img.dim() == 3:
-        out = randaugment_batch(
-            img.unsqueeze(0),
-            severity,
-            depth,
-            augmentation_set,
-            generator=generator,
-            value_range=value_range,
-        )
-        return out.squeeze(0)
-    return randaugment_batch(
-        img, severity, depth, augmentation_set, generator=generator, value_range=value_range
+    return on_image_or_batch(
+        randaugment_batch,
+        img,
+        severity,
+        depth,
+        augmentation_set,
+        generator=generator,
+        value_range=value_range,
     )

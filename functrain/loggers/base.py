@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -72,6 +73,25 @@ def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
         for (key, _), number in zip(items, values):
             out[key] = number
     return {k: v for k, v in out.items() if v is not None}
+
+
+def import_optional(module: str, install_hint: str) -> Any:
+    """Import a logger's backend (an optional dependency) when it is first used.
+
+    Args:
+        module: the module's dotted name, e.g. "torch.utils.tensorboard".
+        install_hint: the error message when it is missing: what to install.
+    Returns:
+        the module.
+    Raises:
+        ImportError: with `install_hint`, when the module cannot be imported.
+    Example:
+        >>> import_optional("mlflow.tracking", "pip install mlflow-skinny").MlflowClient
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(install_hint) from error
 
 
 def json_number(value: float) -> float | str:

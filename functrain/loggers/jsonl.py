@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import Logger, json_number
+from .base import json_number
+from .run_dir import RunDirLogger
 
 DEFAULT_FILE_NAME = "metrics.jsonl"
 HPARAMS_FILE_NAME = "hparams.json"
 
 
-class JSONLLogger(Logger):
+class JSONLLogger(RunDirLogger):
     """Append metrics as JSON lines.
 
     Args:
@@ -36,37 +37,22 @@ class JSONLLogger(Logger):
         all_ranks: log on every rank; ranks other than 0 write `metrics.rank<r>.jsonl`.
     """
 
+    default_name = DEFAULT_FILE_NAME
+    location_arg = "path"
+    location_kind = "file to write"
+
     def __init__(self, path: str | os.PathLike | None = None, *, all_ranks: bool = False):
-        super().__init__(all_ranks=all_ranks)
-        self._given = Path(path) if path is not None else None
-        self._run_dir: Path | None = None
+        super().__init__(path, all_ranks=all_ranks)
         self._file = None
 
     @property
     def path(self) -> Path:
         """The file this logger writes (after rank suffixing)."""
-        if self._given is not None:
-            path = self._given
-        elif self._run_dir is not None:
-            path = self._run_dir / DEFAULT_FILE_NAME
-        else:
-            raise ValueError(
-                "JSONLLogger has no file to write: pass JSONLLogger(path=...) or give the loop a "
-                "run directory (functrain.fit(..., run_dir=...))"
-            )
-        if self.rank != 0:
-            path = path.with_name(f"{path.stem}.rank{self.rank}{path.suffix}")
-        return path
+        return self.location()
 
-    def observe(self, ctx: Any) -> bool:
-        run_dir = getattr(ctx, "run_dir", None)
-        if run_dir is not None and self._run_dir is None:
-            self._run_dir = Path(run_dir)
-        return super().observe(ctx)
-
-    def fit_start(self, ctx: Any) -> None:
-        if self.observe(ctx):
-            _ = self.path  # fail at the start of the run, not at its first log line
+    def for_rank(self, path: Path, rank: int) -> Path:
+        """Rank `rank` writes `<stem>.rank<r><suffix>` next to rank 0's file."""
+        return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
     def _open(self):
         if self._file is None:

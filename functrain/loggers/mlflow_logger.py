@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Logger
+from .base import Logger, import_optional
 
 # mlflow accepts alphanumerics, "_", "-", ".", " ", ":" and "/" in keys.
 _BAD_KEY_CHARS = re.compile(r"[^0-9A-Za-z_\-. :/]")
@@ -70,13 +70,11 @@ class MLflowLogger(Logger):
     def client(self):
         """The `MlflowClient`, created on first use."""
         if self._client is None:
-            try:
-                from mlflow.tracking import MlflowClient
-            except ImportError as error:  # mlflow is an optional dependency
-                raise ImportError(
-                    "MLflowLogger needs mlflow: pip install mlflow-skinny (or mlflow)"
-                ) from error
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            tracking = import_optional(  # mlflow is an optional dependency
+                "mlflow.tracking",
+                "MLflowLogger needs mlflow: pip install mlflow-skinny (or mlflow)",
+            )
+            self._client = tracking.MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
 
     def _run(self) -> str:

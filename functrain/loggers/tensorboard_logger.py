@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from .base import Logger
+from .base import import_optional
+from .run_dir import RunDirLogger
 
 DEFAULT_DIR_NAME = "tensorboard"
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(RunDirLogger):
     """Write TensorBoard event files.
 
     Args:
@@ -32,50 +33,33 @@ class TensorBoardLogger(Logger):
         all_ranks: log on every rank; ranks other than 0 write to `<log_dir>/rank<r>`.
     """
 
+    default_name = DEFAULT_DIR_NAME
+    location_arg = "log_dir"
+    location_kind = "directory"
+
     def __init__(
         self, log_dir: str | os.PathLike | None = None, *, flush_secs: int = 30, all_ranks=False
     ):
-        super().__init__(all_ranks=all_ranks)
-        self._given = Path(log_dir) if log_dir is not None else None
-        self._run_dir: Path | None = None
+        super().__init__(log_dir, all_ranks=all_ranks)
         self.flush_secs = flush_secs
         self._writer = None
-
-    def observe(self, ctx: Any) -> bool:
-        run_dir = getattr(ctx, "run_dir", None)
-        if run_dir is not None and self._run_dir is None:
-            self._run_dir = Path(run_dir)
-        return super().observe(ctx)
-
-    def fit_start(self, ctx: Any) -> None:
-        if self.observe(ctx):
-            _ = self.log_dir  # fail at the start of the run, not at its first log line
 
     @property
     def log_dir(self) -> Path:
         """The directory holding this rank's event files."""
-        if self._given is not None:
-            path = self._given
-        elif self._run_dir is not None:
-            path = self._run_dir / DEFAULT_DIR_NAME
-        else:
-            raise ValueError(
-                "TensorBoardLogger has no directory: pass TensorBoardLogger(log_dir=...) or give "
-                "the loop a run directory (functrain.fit(..., run_dir=...))"
-            )
-        return path / f"rank{self.rank}" if self.rank != 0 else path
+        return self.location()
 
     @property
     def writer(self):
         """The `SummaryWriter`, created on first use."""
         if self._writer is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as error:  # tensorboard is an optional dependency
-                raise ImportError(
-                    "TensorBoardLogger needs the tensorboard package: pip install tensorboard"
-                ) from error
-            self._writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=self.flush_secs)
+            tensorboard = import_optional(  # tensorboard is an optional dependency
+                "torch.utils.tensorboard",
+                "TensorBoardLogger needs the tensorboard package: pip install tensorboard",
+            )
+            self._writer = tensorboard.SummaryWriter(
+                log_dir=str(self.log_dir), flush_secs=self.flush_secs
+            )
         return self._writer
 
     def write_metrics(self, values: dict[str, float], step: int) -> None:

@@ -4,7 +4,12 @@ import pytest
 import torch
 from data_algo_testing import digits_batches, setup
 
-from functrain.algorithms.batch_transform import batch_algorithm, elapsed_duration, step_generator
+from functrain.algorithms.batch_transform import (
+    batch_algorithm,
+    elapsed_duration,
+    image_batch_algorithm,
+    step_generator,
+)
 from functrain.rng import RngState
 
 
@@ -39,3 +44,24 @@ def test_later_algorithms_in_the_list_see_the_earlier_ones_output():
     step_ba, _ = setup([double, add_one])
     assert torch.equal(step_ab.pieces.prepare(state, (x, y))[0], (x + 1) * 2)
     assert torch.equal(step_ba.pieces.prepare(state, (x, y))[0], x * 2 + 1)
+
+
+def test_image_algorithms_replace_the_images_using_the_step_key():
+    seen = []
+
+    def augment(images, generator):
+        seen.append(torch.rand(1, generator=generator))
+        return images.flip(-1)
+
+    step, state = setup([image_batch_algorithm("flip", 0, augment)])
+    x, y = digits_batches(1)[0]
+    new_x, new_y = step.pieces.prepare(state, (x, y))
+    assert torch.equal(new_x, x.flip(-1)) and new_y is y
+    assert torch.equal(seen[0], torch.rand(1, generator=step_generator(state, "flip")))
+
+
+def test_image_algorithms_need_image_batches_at_their_key():
+    step, state = setup([image_batch_algorithm("flip", 0, lambda images, g: images)])
+    x, y = digits_batches(1)[0]
+    with pytest.raises(TypeError, match=r"flip needs \(N, C, H, W\) image tensors at key 0"):
+        step.pieces.prepare(state, (x.flatten(1), y))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from functrain.callbacks import interval as interval_lib
 from functrain.callbacks.interval import Interval, LogCadence
-from functrain.loop import _Every
+from functrain.horizon import Every
 from functrain.time import Time, Timestamp
 
 
@@ -28,7 +28,7 @@ def test_batch_interval_fires_on_multiples(every, batches):
 def test_fires_on_the_same_batches_as_the_loop(text, bpe):
     """Callbacks that follow the loop's log interval log on exactly the loop's logging steps."""
     interval = Time.from_str(text)
-    loop, ours = _Every(interval), Interval(interval)
+    loop, ours = Every(interval), Interval(interval)
     for batch in range(1, 4 * bpe + 1):
         ts = Timestamp(batch=batch, sample=8 * batch, batches_per_epoch=bpe, max_batches=4 * bpe)
         if not loop.by_epoch:

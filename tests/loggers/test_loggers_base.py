@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 from functrain.loggers import Logger, as_uint8_nhwc, to_floats
+from functrain.loggers.base import import_optional
 
 
 class ListLogger(Logger):
@@ -67,3 +70,11 @@ def test_images_become_uint8_nhwc():
     assert as_uint8_nhwc(floats).tolist() == [[[[0, 128, 255]]]]
     with pytest.raises(ValueError, match="channels last"):
         as_uint8_nhwc(np.zeros((2, 3, 8, 8)))
+
+
+def test_optional_backends_import_or_say_what_to_install(monkeypatch):
+    assert import_optional("json", "pip install json").dumps([1]) == "[1]"
+    monkeypatch.setitem(sys.modules, "functrain_missing_backend", None)
+    with pytest.raises(ImportError, match="pip install functrain-missing") as info:
+        import_optional("functrain_missing_backend", "pip install functrain-missing")
+    assert isinstance(info.value.__cause__, ImportError)

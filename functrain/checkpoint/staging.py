@@ -1,0 +1,252 @@
+"""Staging: a state's leaves described for the checkpoint and this rank's data taken to the host.
+
+The first of a save's two steps (see `writer`), and the only one that has to block training.
+`stage(state)` flattens the state by path, describes every leaf (dtype, shape, chunking, and for a
+DTensor its mesh and placements) and copies the region this rank writes off the device: each shard
+once, replicas only on the rank that owns them. For an asynchronous save the copies go into host
+buffers kept from one save to the next (pinned for device tensors, so the copy does not stall),
+because the step may update the state in place while the write is still running.
+
+Example:
+    >>> buffers = {}  # kept by the caller: the next save reuses them
+    >>> staged = stage(state, copy=True, buffers=buffers)
+    >>> staged.nbytes == sum(item.data.nbytes for item in staged.leaves if item.data is not None)
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import optree
+import torch
+
+from ..tree import NAMESPACE, key_to_str
+from . import layout
+from .dtypes import to_numpy, zarr_name
+from .errors import CheckpointError
+from .sharding import chunk_shape, local_region, shard_boxes
+
+
+@dataclasses.dataclass
+class StagedLeaf:
+    """A leaf described for tree.json, with the data this rank writes (None: nothing)."""
+
+    record: layout.LeafRecord
+    region: tuple[slice, ...] | None = None
+    data: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class Staged:
+    """A state taken off the device, ready for `write`."""
+
+    leaves: list[StagedLeaf]
+    treedef: str
+    step: int | None
+    timestamp: dict | None
+    rank: int
+    world_size: int
+    nbytes: int  # bytes of tensor data this rank writes
+    empty_nodes: list = dataclasses.field(default_factory=list)  # for orbax: (path, types, kind)
+
+
+def dist_info(group=None) -> tuple[int, int]:
+    """`(rank, world_size)` in `group` (`(0, 1)` without torch.distributed)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    return 0, 1
+
+
+def leaf_paths(tree: Any) -> tuple[list, list[tuple[str, ...]], list[tuple[int, ...]], Any]:
+    """`(leaves, paths, key_types, treedef)` of a pytree, paths as tuples of strings."""
+    accessors, leaves, treedef = optree.tree_flatten_with_accessor(tree, namespace=NAMESPACE)
+    paths, key_types = [], []
+    for accessor in accessors:
+        paths.append(tuple(key_to_str(e) for e in accessor))
+        key_types.append(tuple(_key_type(e) for e in accessor))
+    return leaves, paths, key_types, treedef
+
+
+def empty_nodes(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], str]]:
+    """The empty containers of a pytree (`{}`, `()`, `None`, an empty NamedTuple) by path.
+
+    They hold no leaf, but orbax lists them in `_METADATA`: without them, a sequence whose
+    middle entry is empty (an optimizer chain with a stateless transform) has a hole orbax
+    cannot rebuild.
+    """
+
+    def is_empty(node) -> bool:
+        spec = optree.tree_structure(node, namespace=NAMESPACE)
+        return not spec.is_leaf() and spec.num_children == 0
+
+    accessors, nodes, _ = optree.tree_flatten_with_accessor(
+        tree, is_leaf=is_empty, namespace=NAMESPACE
+    )
+    out = []
+    for accessor, node in zip(accessors, nodes):
+        if accessor and is_empty(node):
+            kind = "None" if node is None else "List" if isinstance(node, list) else "Dict"
+            kind = "Tuple" if isinstance(node, tuple) else kind
+            path = tuple(key_to_str(e) for e in accessor)
+            out.append((path, tuple(_key_type(e) for e in accessor), kind))
+    return out
+
+
+def _key_type(entry) -> int:
+    named = (optree.NamedTupleEntry, optree.StructSequenceEntry)
+    if isinstance(entry, optree.SequenceEntry) and not isinstance(entry, named):
+        return layout.KEY_SEQUENCE
+    return layout.KEY_MAPPING
+
+
+def stage(
+    state: Any,
+    *,
+    copy: bool = False,
+    buffers: dict[str, torch.Tensor] | None = None,
+    group=None,
+) -> Staged:
+    """Describe every leaf of `state` and take this rank's data to the host.
+
+    Args:
+        state: any functrain pytree (a `TrainState`, nested dicts/NamedTuples) of tensors,
+            DTensors and plain scalars (int, float, bool, str).
+        copy: copy the data even when it is already in host memory (needed when the state may
+            change before `write` runs, as with an asynchronous save).
+        buffers: host buffers from an earlier `stage`, reused when shapes match (filled in).
+        group: the process group of the ranks that save together (None: the default group).
+    Returns:
+        the `Staged` state.
+    """
+    rank, world = dist_info(group)
+    leaves, paths, key_types, treedef = leaf_paths(state)
+    if treedef.num_nodes == 1 and leaves:
+        raise CheckpointError(
+            "save expects a pytree such as a TrainState or a dict; wrap a lone tensor as "
+            "{'name': tensor}"
+        )
+    staged, seen, nbytes = [], set(), 0
+    device_copies = []
+    for leaf, path, types in zip(leaves, paths, key_types):
+        record = layout.LeafRecord(path=path, key_types=types, kind="")
+        layout.check_key(record.key, "saving")
+        if record.key in seen:
+            raise CheckpointError(
+                f"two leaves share the dotted path {record.key!r}; rename a dict key so that "
+                "the joined paths differ"
+            )
+        seen.add(record.key)
+        if isinstance(leaf, torch.Tensor):
+            item = _stage_tensor(leaf, record, rank, copy, buffers, device_copies)
+            nbytes += 0 if item.data is None else item.data.nbytes
+        else:
+            item = StagedLeaf(_scalar_record(leaf, record))
+        staged.append(item)
+    if device_copies and torch.cuda.is_available():
+        torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
+    timestamp = getattr(state, "timestamp", None)
+    if dataclasses.is_dataclass(timestamp):
+        timestamp = dataclasses.asdict(timestamp)
+    step = getattr(state, "step", None)
+    return Staged(
+        leaves=staged,
+        treedef=str(treedef),
+        step=int(step) if isinstance(step, int) else None,
+        timestamp=timestamp if isinstance(timestamp, dict) else None,
+        rank=rank,
+        world_size=world,
+        nbytes=nbytes,
+        empty_nodes=empty_nodes(state) if rank == 0 else [],
+    )
+
+
+def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:
+    if isinstance(value, (bool, np.bool_)):
+        record.kind, record.value = "bool", bool(value)
+    elif isinstance(value, (int, np.integer)):
+        record.kind, record.value = "int", int(value)
+    elif isinstance(value, (float, np.floating)):
+        record.kind, record.value = "float", float(value)
+    elif isinstance(value, str):
+        record.kind, record.value = "str", value
+    else:
+        raise CheckpointError(
+            f"leaf {record.key!r} is a {type(value).__name__}; checkpoints store tensors, "
+            "DTensors, int, float, bool and str leaves -- convert it to one of those (a "
+            "tensor or a plain number) or keep it out of the state"
+        )
+    return record
+
+
+def _stage_tensor(tensor, record, rank, copy, buffers, device_copies) -> StagedLeaf:
+    from .sharding import is_dtensor
+
+    where = f"leaf {record.key!r}"
+    if tensor.device.type == "meta":
+        raise CheckpointError(f"{where} is a meta tensor (no data); materialize it before saving")
+    record.kind, record.dtype = "tensor", zarr_name(tensor.dtype, where)
+    record.shape = tuple(tensor.shape)
+    itemsize = tensor.element_size()
+    if is_dtensor(tensor):
+        tensor = _without_partial(tensor)
+        offset, shape, writes = local_region(tensor, where)
+        mesh = tensor.device_mesh
+        texts = tuple(_placement_text(p) for p in tensor.placements)
+        boxes = shard_boxes(record.shape, tuple(mesh.shape), texts)
+        offsets = [o for _, o, s in boxes if math.prod(s)]
+        record.chunks = chunk_shape(record.shape, offsets, itemsize)
+        record.layout = {
+            "mesh_shape": list(mesh.shape),
+            "mesh_dim_names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+            "placements": list(texts),
+        }
+        local = tensor.to_local() if writes else None
+    else:
+        offset, shape, writes = (0,) * tensor.dim(), record.shape, rank == 0
+        record.chunks = chunk_shape(record.shape, [offset], itemsize)
+        local = tensor if writes else None
+    if local is None:
+        return StagedLeaf(record)
+    host = _to_host(local.detach(), record.key, copy, buffers, device_copies)
+    region = tuple(slice(o, o + s) for o, s in zip(offset, shape))
+    return StagedLeaf(record, region, to_numpy(host))
+
+
+def _placement_text(placement) -> str:
+    from .sharding import placement_str
+
+    return placement_str(placement)
+
+
+def _without_partial(dtensor):
+    """Reduce Partial placements (pending sums) to Replicate so the saved value is final."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    if any(isinstance(p, Partial) for p in dtensor.placements):
+        placements = [Replicate() if isinstance(p, Partial) else p for p in dtensor.placements]
+        dtensor = dtensor.redistribute(placements=placements)
+    return dtensor
+
+
+def _to_host(tensor, key, copy, buffers, device_copies) -> torch.Tensor:
+    on_host = tensor.device.type == "cpu"
+    if on_host and not copy:
+        return tensor
+    buffer = None if buffers is None else buffers.get(key)
+    if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+        pin = not on_host and torch.cuda.is_available()
+        buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+        if buffers is not None:
+            buffers[key] = buffer
+    if on_host:
+        # A single-threaded memcpy: torch's multi-threaded copy_ stalls badly when the training
+        # threads already occupy the cores, and this copy is what blocks the step.
+        np.copyto(to_numpy(buffer), to_numpy(tensor))
+    else:
+        buffer.copy_(tensor, non_blocking=True)
+        device_copies.append(key)
+    return buffer

@@ -1,0 +1,99 @@
+"""Staging: leaves described by path, this rank's data taken off the device, buffers reused."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+from ckpt_helpers import make_state
+
+from functrain import checkpoint
+from functrain.checkpoint import layout, staging, writer
+from functrain.checkpoint.errors import CheckpointError
+
+
+class _Moments(NamedTuple):
+    mu: torch.Tensor
+    nu: tuple
+
+
+def test_writer_reexports_staging():
+    assert writer.stage is staging.stage and writer.Staged is staging.Staged
+    assert writer.leaf_paths is staging.leaf_paths and writer.dist_info is staging.dist_info
+
+
+def test_leaf_paths_name_sequences_and_mappings():
+    tree = {"opt": [_Moments(torch.zeros(1), ()), {"lr": 0.1}], "w": torch.ones(2)}
+    leaves, paths, key_types, _ = staging.leaf_paths(tree)
+    assert paths == [("opt", "0", "mu"), ("opt", "1", "lr"), ("w",)]
+    seq, mapping = layout.KEY_SEQUENCE, layout.KEY_MAPPING
+    # a NamedTuple's fields are looked up by name, like a dict's keys (as orbax does)
+    assert key_types == [(mapping, seq, mapping), (mapping, seq, mapping), (mapping,)]
+    assert leaves[1] == 0.1
+
+
+def test_empty_nodes_are_listed_with_their_kind():
+    tree = {"chain": [{}, (), None, torch.zeros(1)], "m": _Moments(torch.zeros(1), ())}
+    found = {path: kind for path, _, kind in staging.empty_nodes(tree)}
+    assert found == {
+        ("chain", "0"): "Dict",
+        ("chain", "1"): "Tuple",
+        ("chain", "2"): "None",
+        ("m", "nu"): "Tuple",
+    }
+
+
+def test_scalars_are_described_and_carry_no_data():
+    staged = staging.stage({"b": True, "i": 3, "f": 0.5, "s": "x", "n": np.int64(4)})
+    kinds = {item.record.key: (item.record.kind, item.record.value) for item in staged.leaves}
+    assert kinds == {
+        "b": ("bool", True),
+        "i": ("int", 3),
+        "f": ("float", 0.5),
+        "s": ("str", "x"),
+        "n": ("int", 4),
+    }
+    assert all(item.data is None for item in staged.leaves) and staged.nbytes == 0
+
+
+def test_a_plain_tensor_is_written_whole_by_rank_zero():
+    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    (item,) = staging.stage({"w": tensor}).leaves
+    assert item.record.kind == "tensor" and item.record.shape == (3, 4)
+    assert item.region == (slice(0, 3), slice(0, 4))
+    np.testing.assert_array_equal(item.data, tensor.numpy())
+
+
+def test_without_copy_host_tensors_are_not_copied():
+    tensor = torch.ones(4)
+    (item,) = staging.stage({"w": tensor}, copy=False).leaves
+    tensor.add_(1.0)  # a synchronous save holds the caller's tensors until it is committed
+    assert item.data.tolist() == [2.0] * 4
+
+
+def test_a_lone_tensor_must_be_wrapped(tmp_path):
+    with pytest.raises(CheckpointError, match="wrap a lone tensor"):
+        checkpoint.save(tmp_path / "c", torch.zeros(2))
+
+
+def test_stage_copy_is_independent_of_later_updates():
+    state = make_state()
+    staged = writer.stage(state, copy=True, buffers={})
+    before = state.params["fc.weight"].clone()
+    state.params["fc.weight"].add_(1.0)  # a donating step updating in place after the copy
+    item = next(i for i in staged.leaves if i.record.key == "params.fc.weight")
+    np.testing.assert_array_equal(item.data, before.numpy())
+    assert staged.nbytes == sum(
+        i.data.nbytes for i in staged.leaves if i.data is not None and i.record.kind == "tensor"
+    )
+
+
+def test_staging_buffers_are_reused():
+    state = make_state()
+    buffers: dict = {}
+    writer.stage(state, copy=True, buffers=buffers)
+    first = {k: v.data_ptr() for k, v in buffers.items()}
+    writer.stage(state, copy=True, buffers=buffers)
+    assert first == {k: v.data_ptr() for k, v in buffers.items()} and first
