@@ -10,6 +10,8 @@ in the same processes, on the same model (an MLP of `--depth` Linear+GELU layers
     functrain_ddp    functrain.init(..., plan="ddp")  + make_step(donate=True)
     torch_ddp        torch.nn.parallel.DistributedDataParallel + torch.optim.AdamW(foreach)
     functrain_fsdp   functrain.init(..., plan="fsdp") + make_step(donate=True)
+    functrain_fsdp_reshard   the same with fsdp(reshard_after_forward=True): gathered per
+                     module at use, freed after, gathered again for the backward pass
     torch_fsdp2      fully_shard(each Linear), fully_shard(model) + torch.optim.AdamW(foreach)
     functrain_local  the functrain step on the rank's slice alone (no mesh, no communication)
     torch_local      the hand-written loop on the rank's slice alone
@@ -30,7 +32,9 @@ algorithms (`functrain.dist.comm.ring_bytes`: all-reduce 2(n-1)/n x size, all-ga
 reduce-scatter (n-1)/n x the full buffer). The theoretical volume per step, with P the parameter
 bytes: DDP 2(n-1)/n P; FSDP2 3(n-1)/n P (all-gather forward, again backward, reduce-scatter);
 functrain's FSDP 2(n-1)/n P (it gathers once per step and keeps the whole parameters until the
-backward pass ends, trading memory for a third less traffic).
+backward pass ends, trading memory for a third less traffic); with reshard_after_forward 3(n-1)/n P
+like FSDP2, less the backward gather that the first module never needs (its input takes no
+gradient, so autograd never asks for its weights again).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ VARIANTS = (
     "functrain_ddp",
     "torch_ddp",
     "functrain_fsdp",
+    "functrain_fsdp_reshard",
     "torch_fsdp2",
     "functrain_local",
     "torch_local",
@@ -74,6 +79,7 @@ VARIANTS = (
 PAIRS = {
     "functrain_ddp": "torch_ddp",
     "functrain_fsdp": "torch_fsdp2",
+    "functrain_fsdp_reshard": "torch_fsdp2",
     "functrain_local": "torch_local",
 }
 # theoretical bytes sent per step, in units of (n-1)/n x parameter bytes
@@ -81,6 +87,7 @@ THEORY = {
     "functrain_ddp": 2.0,
     "torch_ddp": 2.0,
     "functrain_fsdp": 2.0,
+    "functrain_fsdp_reshard": 3.0,
     "torch_fsdp2": 3.0,
     "functrain_local": 0.0,
     "torch_local": 0.0,
@@ -128,9 +135,13 @@ def make_runner(name: str, args) -> Runner:
         opt = functrain.optim.adamw(1e-3)
         if local:
             fdist.set_current_mesh(None)
-        state = functrain.init(
-            model, opt, seed=0, mesh=None if local else mesh, plan=None if local else name[10:]
-        )
+        plan = {
+            "functrain_local": None,
+            "functrain_ddp": "ddp",
+            "functrain_fsdp": "fsdp",
+            "functrain_fsdp_reshard": fdist.plans.fsdp(reshard_after_forward=True),
+        }[name]
+        state = functrain.init(model, opt, seed=0, mesh=None if local else mesh, plan=plan)
         holder = {"state": state}
         step = functrain.make_step(model, mse_loss, opt, donate=True)
         fdist.set_current_mesh(mesh)

@@ -49,6 +49,7 @@ import torch
 from . import precision as precision_lib
 from .batching import num_samples, split_batch
 from .dist import compute as dist_compute
+from .dist.reshard import gathering_at_use
 from .optim import apply_updates, current_lr, global_norm
 from .optim._foreach import is_dtensor
 from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
@@ -144,7 +145,7 @@ class Step:
     def call_model(self, state: TrainState, *args, **kwargs):
         """Run the model with `state`'s params and buffers, without gradients."""
         tensors = {**dist_compute.gather_params(state.params), **state.buffers}
-        with torch.no_grad():
+        with torch.no_grad(), gathering_at_use():
             return torch.func.functional_call(
                 self._call_module, _prefixed("model.", tensors), args, kwargs
             )
@@ -183,9 +184,10 @@ class Step:
             return self._loss_module(batch, pieces.loss)
 
         tensors = _prefixed("model.", {**params, **buffers})
-        return torch.func.functional_call(
-            self._loss_module, tensors, (batch, pieces.loss), tie_weights=True
-        )
+        with gathering_at_use():  # FSDP with reshard_after_forward: modules gather at use
+            return torch.func.functional_call(
+                self._loss_module, tensors, (batch, pieces.loss), tie_weights=True
+            )
 
     def _grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
         config = self.config

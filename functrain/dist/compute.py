@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from . import comm, flat
+from . import comm, flat, reshard
 from .mesh import (
     MESH_DIMS,
     current_mesh,
@@ -55,13 +55,20 @@ class ParamPolicy:
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     bucket_bytes: int = 25 << 20
+    reshard: bool = False
 
     @classmethod
     def from_plan(cls, plan) -> ParamPolicy:
-        return cls(plan.param_dtype, plan.reduce_dtype, int(plan.bucket_mb * (1 << 20)))
+        return cls(
+            plan.param_dtype,
+            plan.reduce_dtype,
+            int(plan.bucket_mb * (1 << 20)),
+            getattr(plan, "reshard_after_forward", False),
+        )
 
 
 _policies: dict[str, ParamPolicy] = {}
+_AT_USE = object()  # a bucket that `reshard` gathers when its module runs
 _layouts: dict[tuple, list[flat.Bucket]] = {}
 _pending: list = []  # (work, finish) of reductions launched by the current backward pass
 _callback_queued = False
@@ -113,6 +120,8 @@ def _layout(params: dict[str, DTensor], mesh) -> list[flat.Bucket]:
             compute_shape[shard.dim] = p.shape[shard.dim]
             slot = flat.make_slot(name, tuple(compute_shape), shard.dim, n, rank, 0)
             mode = "shard"
+            if policy.reshard and p.requires_grad:  # one bucket per module: gathered at use
+                mode += "/reshard=" + name.rpartition(".")[0]
         else:
             slot = flat.make_slot(name, local_shape, None, 1, 0, 0)
             mode = "replicate"
@@ -154,7 +163,7 @@ def _device(params: dict) -> torch.device:
 
 
 def _mode(bucket: flat.Bucket) -> str:
-    return bucket.mode.split("/")[0]
+    return bucket.kind
 
 
 class _BucketCollective(torch.autograd.Function):
@@ -169,10 +178,12 @@ class _BucketCollective(torch.autograd.Function):
     @staticmethod
     def forward(ctx, bucket, mesh, prefetched, *locals_):
         ctx.bucket, ctx.mesh = bucket, mesh
+        ctx.regather_key = id(locals_[0])  # see `reshard`: what the backward pass gathered again
         return tuple(_gather_bucket(bucket, locals_, prefetched))
 
     @staticmethod
     def backward(ctx, *grads):
+        reshard.release(ctx.regather_key)  # every use of the bucket's params is behind us
         results = _reduce_bucket(ctx.bucket, ctx.mesh, list(grads))
         return (None, None, None, *results)
 
@@ -233,6 +244,14 @@ def _reduce_bucket(bucket: flat.Bucket, mesh, grads: list[torch.Tensor]) -> list
         if copies:
             torch._foreach_copy_([r for r, _ in copies], [v for _, v in copies])
 
+    if "/reshard=" in bucket.mode:
+        # Gathered at use, a bucket may be gathered (and so reduced) more than once per pass
+        # (tied weights, microbatches), and autograd adds those gradients up as soon as they
+        # are returned: finish now rather than at the end of the pass.
+        if work is not None:
+            work.wait()
+        finish()
+        return results
     _pending.append((work, finish))
     if not _callback_queued and torch._C._current_graph_task_id() != -1:  # inside a backward
         _callback_queued = True
@@ -244,6 +263,7 @@ def wait_for_reductions() -> None:
     """Finish every gradient reduction launched so far (runs when a backward pass ends)."""
     global _callback_queued
     _callback_queued = False
+    reshard.release_all()
     while _pending:
         work, finish = _pending.pop(0)
         if work is not None:
@@ -270,10 +290,19 @@ def gather_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     mesh = next(iter(dtensors.values())).device_mesh
     layout = _layout(dtensors, mesh)
     locals_ = {k: v.to_local() for k, v in dtensors.items()}  # differentiable: grads -> DTensors
+    # reshard_after_forward: modules gather these at use (not under torch.compile/torch.func,
+    # whose tracing the module hooks would not survive: there, gather once as usual)
+    at_use = any("/reshard=" in b.mode for b in layout) and not (
+        torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+    )
+    if at_use:
+        reshard.reset()
     prefetched = []
     for bucket in layout:  # start every all-gather before waiting on the first
         pieces = [locals_[s.name] for s in bucket.slots]
-        if _mode(bucket) == "shard":
+        if at_use and "/reshard=" in bucket.mode:
+            prefetched.append(_AT_USE)
+        elif _mode(bucket) == "shard":
             with torch.no_grad():
                 prefetched.append(_prefetch(bucket, mesh, pieces))
         else:
@@ -281,7 +310,9 @@ def gather_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for bucket, pre in zip(layout, prefetched):
         pieces = [locals_[s.name] for s in bucket.slots]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in pieces):
+        if pre is _AT_USE:
+            wholes = reshard.register(bucket, mesh, pieces)
+        elif torch.is_grad_enabled() and any(p.requires_grad for p in pieces):
             wholes = _BucketCollective.apply(bucket, mesh, pre, *pieces)
         else:
             with torch.no_grad():

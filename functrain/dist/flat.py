@@ -97,7 +97,9 @@ class Bucket:
     """Parameters that share one collective.
 
     Attributes:
-        mode: "shard" (all-gather / reduce-scatter over `dp_shard`) or "replicate" (all-reduce).
+        mode: "shard" (all-gather / reduce-scatter over `dp_shard`) or "replicate" (all-reduce),
+            qualified after a "/" ("shard/frozen", "shard/reshard=<module>") to keep apart
+            parameters that must not share a bucket.
         slots: the parameters, in order.
         segment: elements per rank (shard) or in total (replicate).
         compute_dtype: dtype of the gathered parameters (mixed precision's param dtype).
@@ -111,6 +113,11 @@ class Bucket:
     compute_dtype: torch.dtype
     reduce_dtype: torch.dtype
     param_dtype: torch.dtype
+
+    @property
+    def kind(self) -> str:
+        """ "shard" or "replicate": `mode` without its qualifiers ("shard/frozen", ...)."""
+        return self.mode.split("/")[0]
 
     @property
     def n(self) -> int:
@@ -157,7 +164,7 @@ def pack_grads(bucket: Bucket, grads: list[torch.Tensor], out: torch.Tensor) -> 
     "shard": `out` has `n * segment` elements, rank `r`'s chunks in row `r`; "replicate": `out` has
     `segment` elements, the gradients side by side.
     """
-    if bucket.mode == "replicate":
+    if bucket.kind == "replicate":
         dests = [out[s.offset : s.offset + s.numel].view(s.compute_shape) for s in bucket.slots]
         torch._foreach_copy_(dests, grads)
         return out
@@ -183,7 +190,7 @@ def unpack_reduced(bucket: Bucket, reduced: torch.Tensor) -> list[torch.Tensor]:
     out = []
     for s in bucket.slots:
         piece = reduced[s.offset : s.offset + s.numel].view(s.padded_local_shape)
-        if bucket.mode == "shard" and not s.even:
+        if bucket.kind == "shard" and not s.even:
             piece = piece.narrow(s.dim, 0, s.local_shape[s.dim])
         out.append(piece)
     return out

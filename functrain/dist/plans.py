@@ -49,6 +49,11 @@ class Plan:
         param_dtype: dtype parameters are gathered and computed in (None: their own).
         reduce_dtype: dtype gradients are reduced in (None: the compute dtype).
         bucket_mb: parameters per collective, in MiB (flat buffers; larger = fewer, bigger calls).
+        reshard_after_forward: sharded plans only. False (default): gather every parameter once
+            per step and keep it until the backward pass ends (2x parameter bytes moved per
+            step). True: gather each module's parameters when it runs, free them when it
+            returns and gather them again for the backward pass (3x the bytes, as FSDP2), so a
+            rank holds about one module's whole parameters at a time (see `dist.reshard`).
     """
 
     name: str
@@ -57,6 +62,7 @@ class Plan:
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     bucket_mb: float = 25.0
+    reshard_after_forward: bool = False
 
 
 def ddp(**options) -> Plan:

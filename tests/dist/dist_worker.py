@@ -24,6 +24,7 @@ from functrain.dist import compute as fcompute
 from functrain.dist import plans as fplans
 
 STEPS = 20
+RESHARD = fplans.fsdp(reshard_after_forward=True)  # gathered per module at use
 BATCH = 8
 
 
@@ -162,14 +163,14 @@ def optimizer():
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def reference(kind: str, steps: int = STEPS, opt=None, donate: bool = False):
+def reference(kind: str, steps: int = STEPS, opt=None, donate: bool = False, microbatch=None):
     """Single-process training on the global batches: `({name: tensor}, [loss per step])`."""
     fdist.set_current_mesh(None)
     model = make(kind)
     opt = opt or optimizer()
     state = functrain.init(model, opt, seed=0)
     loss_fn = lm_loss if kind != "mlp" else classify_loss
-    step = functrain.make_step(model, loss_fn, opt, donate=donate)
+    step = functrain.make_step(model, loss_fn, opt, donate=donate, microbatch_size=microbatch)
     losses = []
     for batch in batches(kind, steps):
         state, metrics = step(state, batch)
@@ -177,14 +178,16 @@ def reference(kind: str, steps: int = STEPS, opt=None, donate: bool = False):
     return {k: v.detach() for k, v in state.params.items()}, losses
 
 
-def train(kind: str, mesh, plan, steps: int = STEPS, opt=None, donate: bool = False):
+def train(
+    kind: str, mesh, plan, steps: int = STEPS, opt=None, donate: bool = False, microbatch=None
+):
     """Training on the mesh, each data-parallel rank on its slice of the same global batches."""
     fdist.set_current_mesh(mesh)
     model = make(kind)
     opt = opt or optimizer()
     state = functrain.init(model, opt, seed=0, mesh=mesh, plan=plan)
     loss_fn = lm_loss if kind != "mlp" else classify_loss
-    step = functrain.make_step(model, loss_fn, opt, donate=donate)
+    step = functrain.make_step(model, loss_fn, opt, donate=donate, microbatch_size=microbatch)
     rank, world = fdist.data_parallel_info()
     losses = []
     fdist.COUNTER.reset()
@@ -218,19 +221,25 @@ def mesh_for(world: int, dp_replicate=1, tp=1):
 # -- scenarios --------------------------------------------------------------------------------
 
 
-def scenario_plan(kind: str, plan: str, dp_replicate: int = 1, tp: int = 1, fused=False):
-    """`plan` on N ranks vs one process. `fused`: plain AdamW in a donating step, so both take
-    the fused in-place kernel (on DTensors' local pieces under the mesh) instead of the chain
-    with global-norm clipping."""
+def scenario_plan(
+    kind: str, plan, dp_replicate: int = 1, tp: int = 1, fused=False, microbatch=None
+):
+    """`plan` (a name or a Plan) on N ranks vs one process. `fused`: plain AdamW in a donating
+    step, so both take the fused in-place kernel (on DTensors' local pieces under the mesh)
+    instead of the chain with global-norm clipping. `microbatch`: samples per microbatch."""
 
     def run(world):
         opt = functrain.optim.adamw(1e-2) if fused else None
-        ref, ref_losses = on_rank0(reference, kind, opt=opt, donate=fused) or (None, None)
+        ref, ref_losses = on_rank0(
+            reference, kind, opt=opt, donate=fused, microbatch=microbatch
+        ) or (None, None)
         mesh = mesh_for(world, dp_replicate, tp)
         kernel, fused_calls = torch._fused_adamw_, []
         torch._fused_adamw_ = lambda *a, **k: fused_calls.append(1) or kernel(*a, **k)
         try:
-            state, losses, comm = train(kind, mesh, plan, opt=opt, donate=fused)
+            state, losses, comm = train(
+                kind, mesh, plan, opt=opt, donate=fused, microbatch=microbatch
+            )
         finally:
             torch._fused_adamw_ = kernel
         full = fdist.full_params(state.params)
@@ -312,6 +321,49 @@ def scenario_microbatch(world):
     return out
 
 
+def scenario_reshard_memory(world):
+    """With reshard_after_forward, how many modules' whole parameters are alive at once: counted
+    whenever a module gathers (forward) and whenever autograd gathers again (backward)."""
+    from functrain.dist import reshard
+
+    mesh = mesh_for(world)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(9, 9) for _ in range(6)])
+    opt = functrain.optim.adamw(1e-2)
+    state = functrain.init(model, opt, seed=0, mesh=mesh, plan=RESHARD)
+    step = functrain.make_step(model, lambda m, b: m(b[0]).square().mean(), opt)
+    forward, backward = [], []
+    gather, unpack = reshard._gather, reshard._unpack
+
+    def live_modules() -> int:
+        alive = {id(e[3][0]) for e in reshard._live.values() if e[0]() is not None}
+        return len(alive)
+
+    def counting_gather(*args):
+        forward.append(live_modules())
+        return gather(*args)
+
+    def counting_unpack(saved):
+        out = unpack(saved)
+        backward.append(len(reshard._regathered))
+        return out
+
+    reshard._gather, reshard._unpack = counting_gather, counting_unpack
+    try:
+        state, _ = step(state, (torch.randn(4, 9),))
+    finally:
+        reshard._gather, reshard._unpack = gather, unpack
+    x = torch.randn(3, 9)
+    served = step.call_model(state, x)  # evaluation gathers at use too (under no_grad)
+    with torch.no_grad():
+        expected = torch.func.functional_call(model, fdist.full_params(state.params), (x,))
+    return {
+        "forward": forward,
+        "backward": backward,
+        "eval_error": float((served - expected).abs().max()),
+    }
+
+
 def scenario_mixed_precision(world):
     """fsdp(param_dtype=bf16, reduce_dtype=fp32): bf16 on the wire forward, fp32 gradients."""
     ref, _ = on_rank0(reference, "mlp") or (None, None)
@@ -379,6 +431,10 @@ def scenarios_for(world: int) -> dict:
             "ddp": scenario_plan("mlp", "ddp"),
             "fsdp": scenario_plan("mlp", "fsdp"),  # a 5-wide bias on 4 ranks: one empty shard
             "fsdp_fused": scenario_plan("mlp", "fsdp", fused=True),
+            "fsdp_reshard": scenario_plan("mlp", RESHARD),
+            "tp_fsdp_reshard": scenario_plan(
+                "gpt", fplans.tp(shard=True, reshard_after_forward=True), tp=2
+            ),
             "hsdp": scenario_plan("mlp", "hsdp", dp_replicate=2),
             "tp_fsdp": scenario_plan("gpt", "tp+fsdp", tp=2),
             "global_norm": scenario_global_norm,
@@ -388,6 +444,11 @@ def scenarios_for(world: int) -> dict:
         "fsdp": scenario_plan("mlp", "fsdp"),
         "ddp_fused": scenario_plan("mlp", "ddp", fused=True),
         "fsdp_fused": scenario_plan("mlp", "fsdp", fused=True),
+        "fsdp_reshard": scenario_plan("mlp", RESHARD),
+        "fsdp_reshard_fused": scenario_plan("mlp", RESHARD, fused=True),
+        "fsdp_reshard_microbatch": scenario_plan("mlp", RESHARD, microbatch=2),
+        "tied_fsdp_reshard": scenario_plan("tied", RESHARD),
+        "reshard_memory": scenario_reshard_memory,
         "tied_ddp": scenario_plan("tied", "ddp"),
         "tied_fsdp": scenario_plan("tied", "fsdp"),
         "tp": scenario_plan("gpt", "tp", tp=2),

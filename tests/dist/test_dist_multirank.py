@@ -53,12 +53,18 @@ PLANS = [
     (2, "fsdp"),
     (2, "ddp_fused"),
     (2, "fsdp_fused"),
+    (2, "fsdp_reshard"),
+    (2, "fsdp_reshard_fused"),
+    (2, "fsdp_reshard_microbatch"),
+    (2, "tied_fsdp_reshard"),
     (2, "tied_ddp"),
     (2, "tied_fsdp"),
     (2, "tp"),
     (4, "ddp"),
     (4, "fsdp"),
     (4, "fsdp_fused"),
+    (4, "fsdp_reshard"),
+    (4, "tp_fsdp_reshard"),
     (4, "hsdp"),
     (4, "tp_fsdp"),
 ]
@@ -73,6 +79,8 @@ def test_n_ranks_match_one_process(world, scenario, tmp_path_factory):
     )
     assert close(result["loss_error"]), f"loss metric differs by {result['loss_error']}"
     assert result["loss_last"] < result["loss_first"]  # it trained
+    if "reshard" in scenario:  # gathered per module at use, and again for the backward pass
+        assert result["comm"]["calls"]["all_gather"] > STEPS * 2
     if scenario.endswith("_fused"):  # the fused kernel ran on the local pieces, every step
         assert result["fused_calls"] == STEPS
 
@@ -153,3 +161,12 @@ def test_meta_init_is_sharded_and_mesh_independent(tmp_path_factory):
 
 def test_call_model_under_fsdp(tmp_path_factory):
     assert results(2, tmp_path_factory)["eval"]["max_error"] < 1e-6
+
+
+def test_reshard_after_forward_holds_one_module_at_a_time(tmp_path_factory):
+    result = results(2, tmp_path_factory)["reshard_memory"]
+    # forward: each of the 6 modules gathers when it runs, and the previous one's whole
+    # parameters are gone by then; backward: at most one module gathered again at a time
+    assert len(result["forward"]) == 6 and max(result["forward"]) == 0
+    assert 1 in result["backward"] and max(result["backward"]) <= 1
+    assert result["eval_error"] <= TOLERANCE  # call_model gathers at use as well
