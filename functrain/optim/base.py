@@ -219,4 +219,6 @@ def _sum_of_squares(xs: list[torch.Tensor], dtype: torch.dtype, device: Any) -> 
     if not xs:
         return torch.zeros((), dtype=dtype, device=device)
     norms = fe("norm", xs)
-    return torch.stack([n.to(device=device, dtype=dtype) for n in norms]).square().sum()
+    if any(n.dtype != dtype or n.device != device for n in norms):  # mixed: cast each first
+        norms = [n.to(device=device, dtype=dtype) for n in norms]
+    return torch.stack(norms).square().sum()
