@@ -322,13 +322,14 @@ def scenario_microbatch(world):
 
 
 def scenario_reshard_memory(world):
-    """With reshard_after_forward, how many modules' whole parameters are alive at once: counted
-    whenever a module gathers (forward) and whenever autograd gathers again (backward)."""
+    """With reshard_after_forward (on a model built on the meta device), how many modules' whole
+    parameters are alive at once: counted whenever a module gathers (forward) and whenever
+    autograd gathers again (backward)."""
     from functrain.dist import reshard
 
     mesh = mesh_for(world)
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(9, 9) for _ in range(6)])
+    with torch.device("meta"):  # the large-model path: no rank ever holds the model whole
+        model = nn.Sequential(*[nn.Linear(9, 9) for _ in range(6)])
     opt = functrain.optim.adamw(1e-2)
     state = functrain.init(model, opt, seed=0, mesh=mesh, plan=RESHARD)
     step = functrain.make_step(model, lambda m, b: m(b[0]).square().mean(), opt)
