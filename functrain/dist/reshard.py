@@ -92,6 +92,14 @@ def gathering_at_use() -> Iterator[None]:
     try:
         with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
             yield
+    except RuntimeError as error:
+        error.add_note(
+            "functrain: with fsdp(reshard_after_forward=True) a parameter is whole only while "
+            "the module that owns it runs; elsewhere it is this rank's shard. If the model uses "
+            "a parameter outside its module (e.g. F.linear(x, self.embed.weight) in a parent), "
+            "call that module instead, or use plan='fsdp' (gathered once per step)."
+        )
+        raise
     finally:
         pre.remove()
         post.remove()

@@ -365,6 +365,31 @@ def scenario_reshard_memory(world):
     }
 
 
+class BorrowsWeight(nn.Module):
+    """Uses its child's weight outside the child: not possible when gathering at use."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return F.linear(self.embed(x), self.embed.weight.t())
+
+
+def scenario_reshard_outside_use(world):
+    """A parameter used outside its own module under reshard_after_forward: a clear error."""
+    mesh = mesh_for(world)
+    model = BorrowsWeight()
+    opt = functrain.optim.adamw(1e-2)
+    state = functrain.init(model, opt, seed=0, mesh=mesh, plan=RESHARD)
+    step = functrain.make_step(model, lambda m, b: m(b[0]).square().mean(), opt)
+    try:
+        step(state, (torch.randn(2, 4),))
+    except RuntimeError as error:
+        return {"error": "\n".join([str(error), *getattr(error, "__notes__", [])])}
+    return {"error": None}
+
+
 def scenario_mixed_precision(world):
     """fsdp(param_dtype=bf16, reduce_dtype=fp32): bf16 on the wire forward, fp32 gradients."""
     ref, _ = on_rank0(reference, "mlp") or (None, None)
@@ -450,6 +475,7 @@ def scenarios_for(world: int) -> dict:
         "fsdp_reshard_microbatch": scenario_plan("mlp", RESHARD, microbatch=2),
         "tied_fsdp_reshard": scenario_plan("tied", RESHARD),
         "reshard_memory": scenario_reshard_memory,
+        "reshard_outside_use": scenario_reshard_outside_use,
         "tied_ddp": scenario_plan("tied", "ddp"),
         "tied_fsdp": scenario_plan("tied", "fsdp"),
         "tp": scenario_plan("gpt", "tp", tp=2),

@@ -170,3 +170,8 @@ def test_reshard_after_forward_holds_one_module_at_a_time(tmp_path_factory):
     assert len(result["forward"]) == 6 and max(result["forward"]) == 0
     assert 1 in result["backward"] and max(result["backward"]) <= 1
     assert result["eval_error"] <= TOLERANCE  # call_model gathers at use as well
+
+
+def test_reshard_names_the_cause_of_a_parameter_used_outside_its_module(tmp_path_factory):
+    error = results(2, tmp_path_factory)["reshard_outside_use"]["error"]
+    assert error is not None and "reshard_after_forward" in error and "plan='fsdp'" in error
