@@ -15,7 +15,6 @@ from .compute import (
     finalize_grads,
     full_params,
     gather_params,
-    global_norm,
     mean_over_data_parallel,
     reduce_local_grads,
 )
@@ -29,6 +28,7 @@ from .mesh import (
     shutdown,
 )
 from .plans import Plan, ddp, fsdp, hsdp, resolve_plan, shard_params, tp
+from ..optim.base import global_norm  # the cross-shard norm, one implementation for both
 
 __all__ = [
     "COUNTER",

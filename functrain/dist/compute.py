@@ -469,52 +469,9 @@ def data_parallel_info() -> tuple[int, int]:
     return dp_rank(mesh), dp_size(mesh)
 
 
-# -- norms and whole tensors ------------------------------------------------------------------
-
-
-def global_norm(tree: Any) -> torch.Tensor:
-    """The L2 norm of all tensor leaves of `tree`, over the whole (unsharded) tensors.
-
-    DTensor leaves contribute their local pieces once (replicated copies are not double counted)
-    and everything is summed in one all-reduce, so a sharded gradient's clipping norm equals the
-    single-process one.
-
-    Args:
-        tree: a pytree of Tensors and/or DTensors.
-    Returns:
-        a 0-d float32 tensor, equal on every rank.
-    """
-    from ..tree import tree_leaves
-
-    leaves = [x for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
-    if not leaves:
-        return torch.zeros(())
-    groups: dict[tuple, list[torch.Tensor]] = {}  # replication factor -> local pieces
-    mesh = None
-    for x in leaves:
-        if _is_dtensor(x):
-            mesh = x.device_mesh
-            copies = math.prod(
-                x.device_mesh.size(i)
-                for i, pl in enumerate(x.placements)
-                if isinstance(pl, Replicate)
-            )
-            local = x.to_local()
-        else:
-            copies, local = 0, x  # plain tensors: the same on every rank, counted once
-        groups.setdefault((copies, local.device, local.dtype), []).append(local.detach())
-    total = None
-    for (copies, _, _), tensors in groups.items():
-        norms = torch._foreach_norm(tensors)
-        sq = torch.stack([n.float() for n in norms]).square().sum()
-        if copies and mesh is not None:
-            sq = sq / copies
-        elif mesh is not None:
-            sq = sq / mesh.size()  # a plain tensor is counted on every rank: take 1/world of it
-        total = sq if total is None else total + sq.to(total.device)
-    if mesh is not None and mesh.size() > 1:
-        comm.all_reduce_(total, None)
-    return total.sqrt()
+# -- whole tensors ----------------------------------------------------------------------------
+# (The global norm of sharded gradients is `functrain.optim.global_norm`, re-exported as
+# `functrain.dist.global_norm`.)
 
 
 def full_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
