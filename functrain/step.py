@@ -51,7 +51,7 @@ from .batching import num_samples, split_batch
 from .dist import compute as dist_compute
 from .dist.reshard import gathering_at_use
 from .optim import apply_updates, current_lr, global_norm
-from .optim._foreach import is_dtensor
+from .optim._foreach import is_dtensor, placed_alike
 from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState, trainable_names
@@ -292,12 +292,7 @@ class Step:
         for name, grad in grads.items():
             param = params[name]
             if is_dtensor(param) or is_dtensor(grad):
-                if not (
-                    is_dtensor(param)
-                    and is_dtensor(grad)
-                    and grad.placements == param.placements
-                    and grad.device_mesh == param.device_mesh
-                ):
+                if not placed_alike(param, grad):
                     return False
                 param, grad = param._local_tensor, grad._local_tensor
             elif type(param) is not torch.Tensor or type(grad) is not torch.Tensor:

@@ -63,7 +63,7 @@ class ParamPolicy:
             plan.param_dtype,
             plan.reduce_dtype,
             int(plan.bucket_mb * (1 << 20)),
-            getattr(plan, "reshard_after_forward", False),
+            plan.reshard_after_forward,
         )
 
 
@@ -162,10 +162,6 @@ def _device(params: dict) -> torch.device:
     return next(iter(params.values())).device
 
 
-def _mode(bucket: flat.Bucket) -> str:
-    return bucket.kind
-
-
 class _BucketCollective(torch.autograd.Function):
     """Local pieces -> whole compute tensors; backward reduces the gradients of the bucket.
 
@@ -198,7 +194,7 @@ def _prefetch(bucket: flat.Bucket, mesh, locals_: list[torch.Tensor]):
 
 
 def _gather_bucket(bucket: flat.Bucket, locals_, prefetched) -> list[torch.Tensor]:
-    if _mode(bucket) == "replicate":
+    if bucket.kind == "replicate":
         return [x.to(bucket.compute_dtype).view_as(x) for x in locals_]
     work, gathered = prefetched
     if work is not None:
@@ -213,7 +209,7 @@ def _reduce_bucket(bucket: flat.Bucket, mesh, grads: list[torch.Tensor]) -> list
     if world == 1:  # nothing to reduce: just the dtype
         return [g.to(bucket.param_dtype) for g in grads]
     first = grads[0]
-    if _mode(bucket) == "replicate":
+    if bucket.kind == "replicate":
         buffer = first.new_empty(bucket.segment, dtype=bucket.reduce_dtype)
         flat.pack_grads(bucket, grads, buffer)
         reduced = buffer
@@ -244,7 +240,7 @@ def _reduce_bucket(bucket: flat.Bucket, mesh, grads: list[torch.Tensor]) -> list
         if copies:
             torch._foreach_copy_([r for r, _ in copies], [v for _, v in copies])
 
-    if "/reshard=" in bucket.mode:
+    if bucket.reshard:
         # Gathered at use, a bucket may be gathered (and so reduced) more than once per pass
         # (tied weights, microbatches), and autograd adds those gradients up as soon as they
         # are returned: finish now rather than at the end of the pass.
@@ -292,7 +288,7 @@ def gather_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     locals_ = {k: v.to_local() for k, v in dtensors.items()}  # differentiable: grads -> DTensors
     # reshard_after_forward: modules gather these at use (not under torch.compile/torch.func,
     # whose tracing the module hooks would not survive: there, gather once as usual)
-    at_use = any("/reshard=" in b.mode for b in layout) and not (
+    at_use = any(b.reshard for b in layout) and not (
         torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
     )
     if at_use:
@@ -300,9 +296,9 @@ def gather_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     prefetched = []
     for bucket in layout:  # start every all-gather before waiting on the first
         pieces = [locals_[s.name] for s in bucket.slots]
-        if at_use and "/reshard=" in bucket.mode:
+        if at_use and bucket.reshard:
             prefetched.append(_AT_USE)
-        elif _mode(bucket) == "shard":
+        elif bucket.kind == "shard":
             with torch.no_grad():
                 prefetched.append(_prefetch(bucket, mesh, pieces))
         else:

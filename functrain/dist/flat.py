@@ -120,6 +120,11 @@ class Bucket:
         return self.mode.split("/")[0]
 
     @property
+    def reshard(self) -> bool:
+        """True for a bucket gathered when its module runs (`fsdp(reshard_after_forward=True)`)."""
+        return "/reshard=" in self.mode
+
+    @property
     def n(self) -> int:
         """Ranks the bucket's parameters are cut over (1 for a replicated bucket)."""
         return self.slots[0].n

@@ -136,13 +136,12 @@ def _after_module(module: torch.nn.Module, args: Any, output: Any) -> None:
 
 def _gather(bucket, mesh, pieces: list[torch.Tensor]) -> list[torch.Tensor]:
     """The bucket's whole tensors: differentiable (gradients reduce-scattered) under autograd."""
-    with torch.no_grad():
-        prefetched = compute._prefetch(bucket, mesh, pieces)
     if torch.is_grad_enabled() and any(p.requires_grad for p in pieces):
+        with torch.no_grad():
+            prefetched = compute._prefetch(bucket, mesh, pieces)
         wholes = list(compute._BucketCollective.apply(bucket, mesh, prefetched, *pieces))
     else:
-        with torch.no_grad():
-            wholes = compute._gather_bucket(bucket, pieces, prefetched)
+        wholes = _gather_detached(bucket, mesh, pieces)
     for index, whole in enumerate(wholes):
         _live[whole.untyped_storage().data_ptr()] = (
             weakref.ref(whole),
@@ -152,6 +151,13 @@ def _gather(bucket, mesh, pieces: list[torch.Tensor]) -> list[torch.Tensor]:
             index,
         )
     return wholes
+
+
+def _gather_detached(bucket, mesh, pieces: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The bucket's whole tensors, outside autograd (evaluation, and again in backward)."""
+    with torch.no_grad():
+        prefetched = compute._prefetch(bucket, mesh, pieces)
+        return compute._gather_bucket(bucket, pieces, prefetched)
 
 
 def _pack(tensor: torch.Tensor) -> Any:
@@ -182,9 +188,6 @@ def _unpack(saved: Any) -> torch.Tensor:
     key = id(saved.pieces[0])
     wholes = _regathered.get(key)
     if wholes is None:
-        with torch.no_grad():
-            prefetched = compute._prefetch(saved.bucket, saved.mesh, saved.pieces)
-            wholes = compute._gather_bucket(saved.bucket, saved.pieces, prefetched)
-        _regathered[key] = wholes
+        wholes = _regathered[key] = _gather_detached(saved.bucket, saved.mesh, saved.pieces)
     whole = wholes[saved.index]
     return whole.as_strided(saved.size, saved.stride, whole.storage_offset() + saved.offset)

@@ -33,6 +33,17 @@ def is_dtensor(x: Any) -> bool:
     return module is not None and isinstance(x, module.DTensor)
 
 
+def placed_alike(a: Any, b: Any) -> bool:
+    """True when `a` and `b` are DTensors with the same placements on the same mesh, so an
+    elementwise op on their local pieces is the op on the whole tensors."""
+    return (
+        is_dtensor(a)
+        and is_dtensor(b)
+        and a.placements == b.placements
+        and a.device_mesh == b.device_mesh
+    )
+
+
 def local_pieces(xs: list[Any]) -> list[torch.Tensor]:
     """Each DTensor's local tensor (sharing its storage), plain tensors as they are."""
     return [x._local_tensor if is_dtensor(x) else x for x in xs]
@@ -71,17 +82,12 @@ def _on_local_pieces(op: str, xs: list, args: tuple, kwargs: dict, inplace: bool
     made the optimizer dominate a DDP step. When every tensor argument is a DTensor placed like
     the corresponding `xs[i]`, the op is the same on each rank's pieces.
     """
-    lists = [a for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple))]
-    for other in lists:
-        if len(other) != len(xs) or not all(
-            is_dtensor(o) and o.placements == x.placements and o.device_mesh == x.device_mesh
-            for o, x in zip(other, xs)
-        ):
-            return None
-    if any(isinstance(a, torch.Tensor) and a.dim() > 0 for a in (*args, *kwargs.values())):
-        return None
-    if any(is_dtensor(a) for a in (*args, *kwargs.values())):
-        return None
+    for arg in (*args, *kwargs.values()):
+        if isinstance(arg, (list, tuple)):
+            if len(arg) != len(xs) or not all(placed_alike(o, x) for o, x in zip(arg, xs)):
+                return None
+        elif isinstance(arg, torch.Tensor) and (arg.dim() > 0 or is_dtensor(arg)):
+            return None  # only plain scalar tensors broadcast the same on every piece
 
     def unwrap(a):
         return local_pieces(a) if isinstance(a, (list, tuple)) else a
