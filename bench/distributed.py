@@ -28,7 +28,7 @@ built and trains (see `peak_rss`), the maximum over ranks.
 Bytes communicated per step: a `TorchDispatchMode` that sees every collective on its way to the
 backend -- the `c10d.*` ops issued by `torch.distributed` calls, DDP's C++ reducer and FSDP2, and
 the `_c10d_functional.*` ops DTensor issues -- and adds the bytes each rank sends under ring
-algorithms (`functrain.dist.comm.ring_bytes`: all-reduce 2(n-1)/n x size, all-gather and
+algorithms (`functrain.parallel.comm.ring_bytes`: all-reduce 2(n-1)/n x size, all-gather and
 reduce-scatter (n-1)/n x the full buffer). The theoretical volume per step, with P the parameter
 bytes: DDP 2(n-1)/n P; FSDP2 3(n-1)/n P (all-gather forward, again backward, reduce-scatter);
 functrain's FSDP 2(n-1)/n P (it gathers once per step and keeps the whole parameters until the
@@ -124,7 +124,7 @@ def mse_loss(model, batch):
 def make_runner(name: str, args) -> Runner:
     """Build variant `name` (model, optimizer, step) on this rank."""
     import functrain
-    from functrain import dist as fdist
+    from functrain import parallel as fdist
 
     rank, world = fdist.data_parallel_info()
     batch = local_batch(args.width, args.global_batch, rank, world)
@@ -191,7 +191,7 @@ def collective_counter():
     from torch.distributed.distributed_c10d import ProcessGroup, _resolve_process_group
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from functrain.dist.comm import ring_bytes
+    from functrain.parallel.comm import ring_bytes
 
     def nbytes(x):
         if isinstance(x, torch.Tensor):
@@ -289,7 +289,7 @@ def peak_rss(build, *, steps: int) -> dict:
 
 def worker(args) -> None:
     """Measure every variant on this rank; rank 0 writes the JSON."""
-    from functrain import dist as fdist
+    from functrain import parallel as fdist
 
     rank, world = fdist.init_distributed()
     fdist.init_mesh(dp_shard=-1)  # data_parallel_info for the batch slices

@@ -60,7 +60,7 @@ def set_threads(threads: int | None) -> None:
 def data_parallel_mesh() -> Any:
     """A data-parallel mesh under `functrain.launch` / torchrun, else None (one process)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return functrain.dist.init_mesh()
+        return functrain.parallel.init_mesh()
     return None
 
 

@@ -72,8 +72,8 @@ def copy_weights(model: torch.nn.Module, state) -> None:
     """Put the trained weights of `state` into `model` (a plain, unsharded model) for
     `save_pretrained`; under a plan the trained model holds DTensors, so this copies into a fresh
     model built from the same config."""
-    params = functrain.dist.full_params(state.params)
-    buffers = functrain.dist.full_params(state.buffers)
+    params = functrain.parallel.full_params(state.params)
+    buffers = functrain.parallel.full_params(state.buffers)
     with torch.no_grad():
         for name, tensor in model.named_parameters():  # tied weights appear once
             tensor.copy_(params[name])
@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         shakespeare = {k: shakespeare[k] for k in ("hamlet", "macbeth")}
         milton = {k: milton[k] for k in ("paradise_regained",)}
-    mesh = functrain.dist.init_mesh() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    mesh = functrain.parallel.init_mesh() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
     plan = "ddp" if mesh is not None else None
-    rank = functrain.dist.data_parallel_info()[0]
+    rank = functrain.parallel.data_parallel_info()[0]
     vocab = CharVocab("".join(shakespeare.values()) + "".join(milton.values()))
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="functrain-hf-")
     pretrain_steps = 20 if args.quick else args.pretrain_steps

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch._dynamo
 
-from .dist import compute as dist_compute
+from .parallel import compute as parallel_compute
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState
 from .step import Step
@@ -55,7 +55,7 @@ class CompiledStep:
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         state = self.step.init_algorithms(state)
         batch = self.pieces.prepare(state, batch)
-        rank, _ = dist_compute.data_parallel_info()
+        rank, _ = parallel_compute.data_parallel_info()
         seed = seed_for(state.rng, state.step, "forward", rank * 65536)
         # trace_autograd_ops lets dynamo trace `torch.autograd.grad` into the graph, so the
         # default ("autograd") gradients compile whole, BatchNorm's in-place statistics included

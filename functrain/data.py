@@ -152,7 +152,7 @@ class Loader:
             platform default). Use "spawn" when threads already run in the process (JAX, gRPC),
             since forking a multithreaded process can deadlock.
         rank, world_size: this process's data-parallel rank and their number (default:
-            `functrain.dist.compute.data_parallel_info()` when first iterated).
+            `functrain.parallel.compute.data_parallel_info()` when first iterated).
 
     Randomness inside the dataset (augmentations in `__getitem__`): DataLoader worker seeds are
     a function of `(seed, epoch, start batch, rank)`, so a run is reproducible; for a resumed run
@@ -224,7 +224,7 @@ class Loader:
     def _placement(self) -> tuple[int, int]:
         rank, world = self._rank, self._world_size
         if rank is None or world is None:
-            from .dist.compute import data_parallel_info
+            from .parallel.compute import data_parallel_info
 
             dp_rank, dp_world = data_parallel_info()
             rank = dp_rank if rank is None else rank

@@ -28,7 +28,7 @@ __all__ = ["describe_batch", "evaluate", "predict"]
 
 def dp_info() -> tuple[int, int]:
     """`(rank, world_size)` of data parallelism (`(0, 1)` without torch.distributed)."""
-    from .dist.compute import data_parallel_info
+    from .parallel.compute import data_parallel_info
 
     return data_parallel_info()
 

@@ -3,10 +3,10 @@
 Runs N copies of a script (or `-m module`) with torchrun's rendezvous, restarts and multi-node
 flags, prefixes every output line with its rank, and when one rank fails stops all of them and ends
 with one line naming the rank and its error. A script written for one process runs unchanged:
-`functrain.dist.init_mesh()` reads the environment torchrun sets.
+`functrain.parallel.init_mesh()` reads the environment torchrun sets.
 
     python -m functrain.launch -n 4 train.py --lr 3e-4
-    python -m functrain.launch -n 2 -m pytest tests/dist -q
+    python -m functrain.launch -n 2 -m pytest tests/parallel -q
     # two nodes (run on each, with --node-rank 0 and 1):
     python -m functrain.launch -n 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 \\
         --master-port 29500 train.py

@@ -78,7 +78,7 @@ def init(
             `state.params` but get no optimizer state and are never updated.
         optimizer: a `functrain.optim.Transform`.
         seed: the run's seed; every random choice derives from it.
-        mesh: a device mesh from `functrain.dist.init_mesh` (None: one process, no sharding).
+        mesh: a device mesh from `functrain.parallel.init_mesh` (None: one process, no sharding).
         plan: a sharding plan name ("ddp", "fsdp", "hsdp", "tp", ...) or object; needs `mesh`.
     Returns:
         the initial `TrainState` at step 0.
@@ -94,7 +94,7 @@ def init(
         )
     params = {name: p.detach() for name, p in model.named_parameters()}
     if mesh is not None or plan is not None:
-        from .dist.plans import shard_params  # local import: dist pulls torch.distributed
+        from .parallel.plans import shard_params  # local import: dist pulls torch.distributed
 
         params = shard_params(model, params, mesh=mesh, plan=plan, seed=seed)
     # After sharding: a meta-device model gets its buffers materialised there.

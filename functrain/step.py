@@ -48,10 +48,10 @@ import torch
 
 from . import precision as precision_lib
 from .batching import num_samples, split_batch
-from .dist import compute as dist_compute
-from .dist.reshard import gathering_at_use
 from .optim import apply_updates, current_lr, global_norm
 from .optim._foreach import is_dtensor, placed_alike
+from .parallel import compute as parallel_compute
+from .parallel.reshard import gathering_at_use
 from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState, trainable_names
@@ -144,7 +144,7 @@ class Step:
 
     def call_model(self, state: TrainState, *args, **kwargs):
         """Run the model with `state`'s params and buffers, without gradients."""
-        tensors = {**dist_compute.gather_params(state.params), **state.buffers}
+        tensors = {**parallel_compute.gather_params(state.params), **state.buffers}
         with torch.no_grad(), gathering_at_use():
             return torch.func.functional_call(
                 self._call_module, _prefixed("model.", tensors), args, kwargs
@@ -191,11 +191,11 @@ class Step:
 
     def _grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
         config = self.config
-        rank, _ = dist_compute.data_parallel_info()
+        rank, _ = parallel_compute.data_parallel_info()
         buffers = state.buffers
         if not config.donate:  # BatchNorm updates its statistics in place: work on copies
             buffers = {k: v.clone() for k, v in buffers.items()}
-        frozen = dist_compute.gather_params(
+        frozen = parallel_compute.gather_params(
             {k: v for k, v in state.params.items() if k not in self._trainable_set}
         )
         microbatches = split_batch(batch, self._microbatch) if self._microbatch else [batch]
@@ -233,12 +233,12 @@ class Step:
                 for k in self._trainable
             }
             # One gather and one reduction per step, however many microbatches.
-            grads, outs = dist_compute.accumulate_grads(leaves, objectives)
+            grads, outs = parallel_compute.accumulate_grads(leaves, objectives)
         total_loss = sum(loss.detach().float() * w for (_, (loss, _)), w in zip(outs, weights))
         aux = outs[-1][1][1]
         if scale is not None:
             grads = torch._foreach_div(grads, scale)
-        grads = dist_compute.finalize_grads(dict(zip(self._trainable, grads)), state.params)
+        grads = parallel_compute.finalize_grads(dict(zip(self._trainable, grads)), state.params)
         return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
 
     def _forward_rng(self, state: TrainState, rank: int, index: int):
@@ -255,7 +255,7 @@ class Step:
         for objective in objectives:
 
             def with_aux(leaves, objective=objective):
-                value, rest = objective(dist_compute.gather_params(leaves))
+                value, rest = objective(parallel_compute.gather_params(leaves))
                 return value, (value.detach(), rest)
 
             grads, out = torch.func.grad(with_aux, has_aux=True)(leaves)
@@ -339,7 +339,7 @@ class Step:
             key = precision_lib.LOSS_SCALE_KEY
             scale = precision_lib.update_loss_scale(state.algo_state[key], finite)
             new_state = new_state.replace(algo_state={**new_state.algo_state, key: scale})
-        _, world = dist_compute.data_parallel_info()
+        _, world = parallel_compute.data_parallel_info()
         samples = num_samples(batch) * world
         tokens = int(self.config.count_tokens(batch)) * world if self.config.count_tokens else 0
         new_state = new_state.replace(
@@ -350,7 +350,7 @@ class Step:
             **{
                 k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
             },
-            "loss": dist_compute.mean_over_data_parallel(result.loss),
+            "loss": parallel_compute.mean_over_data_parallel(result.loss),
             "grad_norm": grad_norm.detach(),
             "lr": current_lr(new_state.opt_state),
             "samples": samples,

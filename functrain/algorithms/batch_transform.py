@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..dist.compute import data_parallel_info
 from ..functional.batch import get_item, set_item
+from ..parallel.compute import data_parallel_info
 from ..rng import key_for
 from ..state import TrainState
 from ..step import Algorithm, StepPieces

@@ -26,13 +26,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..dist.compute import data_parallel_info
 from ..functional.batch import get_item, num_rows, take
 from ..functional.selective_backprop import (
     per_example_losses,
     select_indices_using_loss,
     should_selective_backprop,
 )
+from ..parallel.compute import data_parallel_info
 from ..rng import seed_for, seeded_global_rng
 from ..step import Algorithm, StepPieces
 from .batch_transform import elapsed_duration, step_generator

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import functrain
-from functrain import dist as fdist
+from functrain import parallel as fdist
 from functrain.checkpoint import Manager
 from functrain.data import Loader
 

@@ -18,7 +18,7 @@ run's seed and the module's name), so no rank ever holds the whole model and the
 not depend on the mesh.
 
 Example:
-    >>> mesh = functrain.dist.init_mesh(dp_shard=-1)
+    >>> mesh = functrain.parallel.init_mesh(dp_shard=-1)
     >>> state = functrain.init(model, opt, seed=0, mesh=mesh, plan="fsdp")
     >>> state = functrain.init(model, opt, mesh=mesh, plan=fsdp(param_dtype=torch.bfloat16))
 """
@@ -107,7 +107,7 @@ def resolve_plan(plan: str | Plan | None) -> Plan:
     if isinstance(plan, str) and plan.lower() in _NAMED:
         return _NAMED[plan.lower()]()
     raise ValueError(
-        f"unknown sharding plan {plan!r}; use one of {sorted(_NAMED)} or a functrain.dist.Plan"
+        f"unknown sharding plan {plan!r}; use one of {sorted(_NAMED)} or a functrain.parallel.Plan"
     )
 
 
@@ -237,7 +237,7 @@ def shard_params(
     Args:
         model: the module the params belong to.
         params: `{name: tensor}` as `functrain.init` collects them (tied weights once).
-        mesh: a mesh from `functrain.dist.init_mesh` (made current).
+        mesh: a mesh from `functrain.parallel.init_mesh` (made current).
         plan: a plan name or `Plan` (None: "ddp").
         seed: the run's seed, for meta-device initialisation (None: 0).
     Returns:
@@ -246,7 +246,7 @@ def shard_params(
         >>> params = shard_params(model, dict(model.named_parameters()), mesh=mesh, plan="fsdp")
     """
     if mesh is None:
-        raise ValueError(f"plan={plan!r} needs a mesh: pass mesh=functrain.dist.init_mesh(...)")
+        raise ValueError(f"plan={plan!r} needs a mesh: pass mesh=functrain.parallel.init_mesh(...)")
     check_mesh(mesh)
     plan = resolve_plan(plan)
     set_current_mesh(mesh)

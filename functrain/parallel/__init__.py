@@ -1,6 +1,6 @@
 """Distribution: device meshes, sharding plans and the step's collectives.
 
-    mesh = functrain.dist.init_mesh(dp_shard=-1)          # torchrun's world, or one process
+    mesh = functrain.parallel.init_mesh(dp_shard=-1)          # torchrun's world, or one process
     state = functrain.init(model, opt, seed=0, mesh=mesh, plan="fsdp")
     step = functrain.make_step(model, loss_fn, opt)       # unchanged: the step reads the placements
 
@@ -8,6 +8,7 @@ Plans: "ddp", "fsdp", "hsdp", "tp", "tp+fsdp" (and "tp+ddp", "tp+hsdp"), or a `P
 precision (`fsdp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`). See `plans`.
 """
 
+from ..optim.base import global_norm  # the cross-shard norm, one implementation for both
 from .comm import COUNTER, CommCounter, ring_bytes
 from .compute import (
     accumulate_grads,
@@ -28,7 +29,6 @@ from .mesh import (
     shutdown,
 )
 from .plans import Plan, ddp, fsdp, hsdp, resolve_plan, shard_params, tp
-from ..optim.base import global_norm  # the cross-shard norm, one implementation for both
 
 __all__ = [
     "COUNTER",

@@ -1,6 +1,6 @@
-"""Multi-rank scenarios for tests/dist/test_dist_multirank.py (run on every rank).
+"""Multi-rank scenarios for tests/parallel/test_parallel_multirank.py (run on every rank).
 
-Launched as `python -m functrain.launch -n N tests/dist/dist_worker.py --out r.json --world N`, or
+Launched as `python -m functrain.launch -n N tests/parallel/parallel_worker.py --out r.json --world N`, or
 imported and called in-process when pytest itself runs under the launcher. Every scenario trains
 (or computes) on all ranks, compares with a single-process reference that every rank computes
 locally on the same global batch, and returns numbers; rank 0 writes them as JSON.
@@ -19,9 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import functrain
-from functrain import dist as fdist
-from functrain.dist import compute as fcompute
-from functrain.dist import plans as fplans
+from functrain import parallel as fdist
+from functrain.parallel import compute as fcompute
+from functrain.parallel import plans as fplans
 
 STEPS = 20
 RESHARD = fplans.fsdp(reshard_after_forward=True)  # gathered per module at use
@@ -325,7 +325,7 @@ def scenario_reshard_memory(world):
     """With reshard_after_forward (on a model built on the meta device), how many modules' whole
     parameters are alive at once: counted whenever a module gathers (forward) and whenever
     autograd gathers again (backward)."""
-    from functrain.dist import reshard
+    from functrain.parallel import reshard
 
     mesh = mesh_for(world)
     with torch.device("meta"):  # the large-model path: no rank ever holds the model whole

@@ -181,11 +181,11 @@ def check_mesh(mesh: Any) -> DeviceMesh:
     """`mesh` if it is a DeviceMesh with functrain's named dims, else a clear error."""
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(
-            f"expected a DeviceMesh from functrain.dist.init_mesh(...), got {type(mesh).__name__}"
+            f"expected a DeviceMesh from functrain.parallel.init_mesh(...), got {type(mesh).__name__}"
         )
     if tuple(mesh.mesh_dim_names or ()) != MESH_DIMS:
         raise ValueError(
-            f"the mesh must have dims {MESH_DIMS} (make it with functrain.dist.init_mesh), "
+            f"the mesh must have dims {MESH_DIMS} (make it with functrain.parallel.init_mesh), "
             f"got {mesh.mesh_dim_names}"
         )
     return mesh

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import functrain
-from functrain import dist as fdist
-from functrain.dist import plans
+from functrain import parallel as fdist
+from functrain.parallel import plans
 
 
 class FakeMesh:

@@ -3,14 +3,14 @@
 import textwrap
 
 import pytest
-from dist_launching import run_python
+from parallel_launching import run_python
 
 SCRIPT = textwrap.dedent(
     """
     import torch
     import torch.nn.functional as F
     import functrain
-    from functrain import dist as fdist
+    from functrain import parallel as fdist
 
     def run(mesh, plan):
         fdist.set_current_mesh(mesh)

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain.dist import flat
+from functrain.parallel import flat
 
 
 def test_shard_extent_follows_dtensor_chunking():

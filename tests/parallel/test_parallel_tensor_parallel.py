@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import Replicate, Shard
 
-from functrain.dist import tensor_parallel as tpl
+from functrain.parallel import tensor_parallel as tpl
 
 
 class Block(nn.Module):

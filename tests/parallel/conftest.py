@@ -1,14 +1,14 @@
 """Fixtures for the distribution tests.
 
 `mesh1` is a one-process mesh (an in-memory process group, no ports): the single-process paths of
-functrain.dist run for real. Under `python -m functrain.launch -n N -m pytest tests/dist` the
+functrain.parallel run for real. Under `python -m functrain.launch -n N -m pytest tests/parallel` the
 process group belongs to the launcher's world, so the one-process tests skip there.
 """
 
 import pytest
-from dist_launching import launched_world
+from parallel_launching import launched_world
 
-from functrain import dist as fdist
+from functrain import parallel as fdist
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from functrain.dist import comm
+from functrain.parallel import comm
 
 
 @pytest.mark.parametrize(

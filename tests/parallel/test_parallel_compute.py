@@ -1,4 +1,4 @@
-"""The step's collectives on one process (the multi-rank behaviour: test_dist_multirank)."""
+"""The step's collectives on one process (the multi-rank behaviour: test_parallel_multirank)."""
 
 import pytest
 import torch
@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from functrain import dist as fdist
-from functrain.dist import compute, plans
+from functrain import parallel as fdist
+from functrain.parallel import compute, plans
 
 
 def test_identity_without_dtensors():

@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -467,7 +466,7 @@ def data_parallel_info() -> tuple[int, int]:
 
 # -- whole tensors ----------------------------------------------------------------------------
 # (The global norm of sharded gradients is `functrain.optim.global_norm`, re-exported as
-# `functrain.dist.global_norm`.)
+# `functrain.parallel.global_norm`.)
 
 
 def full_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

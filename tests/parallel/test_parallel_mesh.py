@@ -1,10 +1,10 @@
-"""The named mesh and process-group setup (one process; multi-rank in test_dist_multirank)."""
+"""The named mesh and process-group setup (one process; multi-rank in test_parallel_multirank)."""
 
 import pytest
 import torch
 
-from functrain import dist as fdist
-from functrain.dist import mesh as fmesh
+from functrain import parallel as fdist
+from functrain.parallel import mesh as fmesh
 
 
 def test_resolve_sizes_infers_the_free_dim():

@@ -1,8 +1,8 @@
 """Real multi-process runs on gloo: N ranks must match one process on the same global batch.
 
-Each world size is one launch of tests/dist/dist_worker.py through `python -m functrain.launch`
+Each world size is one launch of tests/parallel/parallel_worker.py through `python -m functrain.launch`
 (so the launcher is exercised too); the tests below read its results. When pytest itself runs
-as a rank (`python -m functrain.launch -n 2 -m pytest tests/dist`), the scenarios for that world
+as a rank (`python -m functrain.launch -n 2 -m pytest tests/parallel`), the scenarios for that world
 size run in-process instead and the others skip.
 """
 
@@ -12,8 +12,8 @@ import os
 import sys
 
 import pytest
-from dist_launching import HERE, launch, launched_world
-from dist_worker import STEPS
+from parallel_launching import HERE, launch, launched_world
+from parallel_worker import STEPS
 
 TOLERANCE = 1e-5
 _results: dict[int, dict] = {}
@@ -29,13 +29,13 @@ def results(world: int, tmp_path_factory) -> dict:
         if outer != world:
             pytest.skip(f"needs {world} ranks; this run has {outer}")
         sys.path.insert(0, HERE)
-        import dist_worker
+        import parallel_worker
 
-        _results[world] = dist_worker.run_all(world)
+        _results[world] = parallel_worker.run_all(world)
         return _results[world]
     out = tmp_path_factory.mktemp(f"world{world}") / "results.json"
     proc = launch(
-        world, [os.path.join(HERE, "dist_worker.py"), "--out", str(out), "--world", str(world)]
+        world, [os.path.join(HERE, "parallel_worker.py"), "--out", str(out), "--world", str(world)]
     )
     if proc.returncode != 0:
         pytest.fail(f"{world}-rank run failed:\n{proc.stderr[-6000:]}")

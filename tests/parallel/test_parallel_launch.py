@@ -4,7 +4,7 @@ import os
 import textwrap
 
 import pytest
-from dist_launching import launch, launched_world, run_python
+from parallel_launching import launch, launched_world, run_python
 
 from functrain import launch as launcher
 
@@ -61,8 +61,8 @@ def test_multi_node_flags_pass_through():
 
 
 def test_module_mode_and_script_arguments():
-    argv = argv_for("-n", "2", "-m", "pytest", "tests/dist", "-q", "-x")
-    assert argv[-6:] == ["--worker", "-m", "pytest", "tests/dist", "-q", "-x"]
+    argv = argv_for("-n", "2", "-m", "pytest", "tests/parallel", "-q", "-x")
+    assert argv[-6:] == ["--worker", "-m", "pytest", "tests/parallel", "-q", "-x"]
 
 
 def test_missing_script_is_a_clear_error(capsys):
@@ -73,7 +73,7 @@ def test_missing_script_is_a_clear_error(capsys):
 PROBE = textwrap.dedent(
     """
     import sys
-    import functrain.dist as fdist
+    import functrain.parallel as fdist
 
     fdist.init_mesh(dp_shard=-1)
     rank, world = fdist.data_parallel_info()
@@ -100,7 +100,7 @@ CRASH = textwrap.dedent(
     """
     import torch
     import torch.distributed as dist
-    import functrain.dist as fdist
+    import functrain.parallel as fdist
 
     fdist.init_mesh()
     rank, _ = fdist.data_parallel_info()
