@@ -35,6 +35,7 @@ from .loop import StepError, evaluate, fit, predict
 from .rng import RngState, key_for
 from .state import TrainState, init
 from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
+from .step_protocol import Evaluator, StepLike, as_step
 from .time import Time, Timestamp, TimeUnit
 
 __version__ = "0.1.0"
@@ -44,11 +45,13 @@ __all__ = [
     "CallbackError",
     "CompiledStep",
     "Context",
+    "Evaluator",
     "Event",
     "GradResult",
     "RngState",
     "Step",
     "StepError",
+    "StepLike",
     "StepPieces",
     "Time",
     "TimeUnit",
@@ -56,6 +59,7 @@ __all__ = [
     "TrainState",
     "algorithms",
     "apply_surgery",
+    "as_step",
     "callbacks",
     "checkpoint",
     "compile_step",

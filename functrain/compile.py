@@ -22,6 +22,7 @@ from .parallel import compute as parallel_compute
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState
 from .step import Step
+from .step_protocol import Evaluator
 
 
 class CompiledStep:
@@ -49,11 +50,23 @@ class CompiledStep:
         """The same compiled step with some `StepConfig` options changed."""
         return CompiledStep(self.step.with_options(**changes), **self.compile_options)
 
+    def donated(self) -> CompiledStep:
+        """This compiled step allowed to update its input state in place."""
+        return self if self.step.config.donate else self.with_options(donate=True)
+
+    def init_state(self, state: TrainState) -> TrainState:
+        """`state` with what the step keeps in it (see `Step.init_state`)."""
+        return self.step.init_state(state)
+
+    def evaluator(self) -> Evaluator:
+        """How evaluation runs the model (eagerly, as the step it was made from)."""
+        return self.step.evaluator()
+
     def _core(self, state: TrainState, batch: Any):
         return Step.__call__(self._core_step, state, batch)
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-        state = self.step.init_algorithms(state)
+        state = self.step.init_state(state)
         batch = self.pieces.prepare(state, batch)
         rank, _ = parallel_compute.data_parallel_info()
         seed = seed_for(state.rng, state.step, "forward", rank * 65536)

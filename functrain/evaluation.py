@@ -22,6 +22,7 @@ from .batching import to_device
 from .events import Context, Event, dispatch
 from .metrics import Mean, resolve_metrics
 from .state import TrainState
+from .step_protocol import as_step
 
 __all__ = ["describe_batch", "evaluate", "predict"]
 
@@ -96,33 +97,24 @@ def _runner(step_or_model: Any, state: TrainState | None):
             return torch.func.functional_call(module, tensors, args, kwargs, tie_weights=True)
 
         return call, module, None
-    pieces = getattr(step_or_model, "pieces", None)
-    if pieces is None or not hasattr(pieces, "call_model"):
-        if not callable(step_or_model):
-            raise TypeError(
-                "evaluate/predict take a functrain Step (from make_step) or a torch.nn.Module; "
-                f"got {type(step_or_model).__name__}"
-            )
+    step = as_step(step_or_model)
+    evaluator = step.evaluator()
+    if evaluator is None:
 
         def no_model(*args, **kwargs):
             raise TypeError(
-                f"the step {getattr(step_or_model, '__name__', step_or_model)!r} is a plain "
-                "function, so there is no model to evaluate: build it with functrain.make_step, "
-                "or pass an eval_fn that does not call the model"
+                f"the step {step!r} has no model to evaluate (a plain function): build it with "
+                "functrain.make_step, or pass an eval_fn that does not call the model"
             )
 
         return no_model, None, None
     if state is None:
         raise ValueError("evaluate/predict with a Step need the TrainState whose params to use")
-    base = step_or_model
-    while not hasattr(base, "model") and hasattr(base, "step"):  # a CompiledStep wraps a Step
-        base = base.step
-    module = getattr(base, "model", None)
 
     def call(*args, **kwargs):
-        return pieces.call_model(state, *args, **kwargs)
+        return evaluator.call_model(state, *args, **kwargs)
 
-    return call, module, getattr(base, "loss_fn", None)
+    return call, evaluator.module, evaluator.loss_fn
 
 
 def _get(batch: Any, key: Any, what: str) -> Any:

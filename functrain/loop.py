@@ -47,6 +47,7 @@ from .preemption import (
 )
 from .rng import RngState, seed_for
 from .state import TrainState
+from .step_protocol import as_step
 from .time import TimeLike, TimeUnit
 
 # `evaluate` and `predict` live in functrain.evaluation; re-exported so `from functrain.loop
@@ -155,11 +156,7 @@ class _FitRun:
     """One call of `fit`: its configuration, position and event context."""
 
     def __init__(self, step, state, train_data, **options):
-        if not callable(step):
-            raise TypeError(
-                "fit's first argument must be a step (state, batch) -> (state, metrics), e.g. "
-                f"functrain.make_step(model, loss_fn, optimizer); got {type(step).__name__}"
-            )
+        step = as_step(step)
         if not isinstance(state, TrainState):
             raise TypeError(
                 f"fit needs a TrainState (functrain.init(model, optimizer)), got "
@@ -173,10 +170,8 @@ class _FitRun:
             )
         self.eval_every = _Every(_parse_time(options["eval_interval"], "eval_interval", True))
         self.log_every = _Every(_parse_time(options["log_interval"], "log_interval", True))
-        if options["donate"] and hasattr(step, "with_options"):
-            config = getattr(step, "config", None)
-            if not getattr(config, "donate", False):
-                step = step.with_options(donate=True)
+        if options["donate"]:
+            step = step.donated()
         self.step = step
         self.state = state
         self.source = DataSource(train_data)

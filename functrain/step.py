@@ -35,8 +35,6 @@ Example:
     1
 """
 
-# STEP-API-READY
-
 from __future__ import annotations
 
 import contextlib
@@ -55,6 +53,7 @@ from .parallel.reshard import gathering_at_use
 from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState, trainable_names
+from .step_protocol import Evaluator
 
 
 class _LossModule(torch.nn.Module):
@@ -128,6 +127,20 @@ class Step:
             dataclasses.replace(self.config, **changes),
             self.algorithms,
         )
+
+    # -- the StepLike protocol ----------------------------------------------------------------
+
+    def donated(self) -> Step:
+        """This step allowed to update its input state in place (`fit` owns its state)."""
+        return self if self.config.donate else self.with_options(donate=True)
+
+    def init_state(self, state: TrainState) -> TrainState:
+        """`state` with what this step keeps in it (algorithm states, the fp16 loss scale)."""
+        return self.init_algorithms(state)
+
+    def evaluator(self) -> Evaluator:
+        """How evaluation runs this step's model: the module, `call_model`, the loss."""
+        return Evaluator(self.model, self.pieces.call_model, self.loss_fn)
 
     def _base_pieces(self) -> StepPieces:
         return StepPieces(

@@ -351,7 +351,7 @@ def test_wrong_arguments_are_explained():
         fit(count_step, fake_state(), loader, duration="1ep", checkpoints=object())
     with pytest.raises(TypeError, match="needs a TrainState"):
         fit(count_step, {"w": 1}, loader, duration="1ep")
-    with pytest.raises(TypeError, match="must be a step"):
+    with pytest.raises(TypeError, match="a step must be callable"):
         fit("step", fake_state(), loader, duration="1ep")
 
 
