@@ -31,6 +31,8 @@ from .algorithms import apply_surgery
 from .compile import CompiledStep, compile_step
 from .events import CallbackError, Context, Event
 from .export import export
+from .fit_options import FitOptions, FitResult
+from .fit_state import FitState
 from .loop import StepError, evaluate, fit, predict
 from .rng import RngState, key_for
 from .state import TrainState, init
@@ -47,6 +49,9 @@ __all__ = [
     "Context",
     "Evaluator",
     "Event",
+    "FitOptions",
+    "FitResult",
+    "FitState",
     "GradResult",
     "RngState",
     "Step",

@@ -34,11 +34,17 @@ def dp_info() -> tuple[int, int]:
     return data_parallel_info()
 
 
-def state_device(state: TrainState) -> torch.device | None:
-    """The device batches go to: the params' device when it is not the CPU, else None."""
-    for tensor in state.params.values():
-        device = tensor.device
-        return None if device.type == "cpu" else device
+def state_device(state: Any) -> torch.device | None:
+    """The device batches go to: the params' device when it is not the CPU, else None.
+
+    `state` is a `TrainState`, or a pytree of states (a step over several models): then the
+    device of its first tensor."""
+    from .tree import tree_leaves
+
+    tensors = state.params.values() if isinstance(state, TrainState) else tree_leaves(state)
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            return None if tensor.device.type == "cpu" else tensor.device
     return None
 
 

@@ -34,7 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -97,13 +96,18 @@ class CallbackError(RuntimeError):
         )
 
 
-@dataclasses.dataclass
 class Context:
     """What a callback sees. The loop owns it and updates its fields before each event.
 
+    Inside `fit` the context is bound to the run: `ctx.state` and `ctx.timestamp` read the one
+    copy of the state the loop holds (they cannot be assigned). A context made by hand (tests,
+    `evaluate`, `predict`) holds the `state` it was given, and that one may be reassigned.
+
     Attributes:
         event: the event being dispatched.
-        state: the current `TrainState` (read it; do not modify its tensors).
+        state: what `fit` trains: a `TrainState`, or for a pytree of states the
+            `functrain.FitState` holding them (read it; do not modify its tensors).
+        timestamp: the run's position (`state.timestamp`).
         metrics: the last step's metrics (`{"loss": tensor, "grad_norm": tensor, "lr": ...}`;
             tensors are not synced to the host until you read them).
         eval_metrics: the last evaluation's results, `{name: float}`.
@@ -114,45 +118,83 @@ class Context:
         loggers: the loggers `ctx.log` writes to.
         duration: the run's length as given to fit (a `functrain.time.Time`), else None.
         log_interval: how often fit sends the step's metrics to the loggers (a `Time`).
-        checkpoint_path: the path of the checkpoint just written (at CHECKPOINT).
+        checkpoint_path: the path of the newest checkpoint written (at CHECKPOINT and after).
         resumed_from: the checkpoint the run resumed from, if any.
         stop_reason: why a stop was requested (None while running on).
+    Example:
+        >>> ctx = Context(state=state)
+        >>> ctx.timestamp is state.timestamp
+        True
     """
 
-    event: Event | None = None
-    state: Any = None
-    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
-    eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    batch: Any = None
-    outputs: Any = None
-    rank: int = 0
-    world_size: int = 1
-    run_dir: str | None = None
-    loggers: Sequence[Any] = ()
-    duration: Any = None
-    log_interval: Any = None
-    checkpoint_path: Any = None
-    resumed_from: Any = None
-    stop_reason: str | None = None
+    def __init__(
+        self,
+        state: Any = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        run_dir: str | None = None,
+        loggers: Sequence[Any] = (),
+        duration: Any = None,
+        log_interval: Any = None,
+        run: Any = None,
+    ):
+        self.event: Event | None = None
+        self.metrics: dict[str, Any] = {}
+        self.eval_metrics: dict[str, float] = {}
+        self.batch: Any = None
+        self.outputs: Any = None
+        self.rank = rank
+        self.world_size = world_size
+        self.run_dir = run_dir
+        self.loggers = loggers
+        self.duration = duration
+        self.log_interval = log_interval
+        self.checkpoint_path: Any = None
+        self.resumed_from: Any = None
+        self.stop_reason: str | None = None
+        self._state = state
+        self._run = run  # the loop's run: the one holder of the state (`run.state`)
+
+    @property
+    def state(self) -> Any:
+        """The current state (inside `fit`: the loop's own copy, read-only)."""
+        return self._run.state if self._run is not None else self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        if self._run is not None:
+            raise AttributeError(
+                "ctx.state is the state fit trains and cannot be replaced by a callback; "
+                "callbacks observe it (changes to training belong in the step)"
+            )
+        self._state = value
 
     @property
     def timestamp(self):
         """The current `functrain.time.Timestamp` (`state.timestamp`)."""
-        return None if self.state is None else self.state.timestamp
+        state = self.state
+        return None if state is None else state.timestamp
 
     @property
     def stop_requested(self) -> bool:
-        """True once a callback (or SIGTERM) asked the loop to stop."""
+        """True once a callback (or a signal) asked the loop to stop."""
         return self.stop_reason is not None
 
     def request_stop(self, reason: str = "stop requested by a callback") -> None:
-        """Ask the loop to stop after the current step (it still checkpoints and emits FIT_END).
+        """Ask the loop to stop at the next step boundary (it still checkpoints and emits
+        FIT_END). Under several ranks the loop stops every rank at the same step.
 
         Args:
             reason: why, shown to loggers and kept in `ctx.stop_reason`.
         """
         if self.stop_reason is None:
             self.stop_reason = str(reason)
+
+    def __repr__(self) -> str:
+        ts = self.timestamp
+        where = "" if ts is None else f", epoch={ts.epoch}, batch={ts.batch}"
+        return f"Context(event={self.event}{where}, rank={self.rank}/{self.world_size})"
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Send `metrics` to every logger's `log_metrics` (on every rank: loggers write on rank 0
@@ -293,7 +335,7 @@ def dispatch(event: Event, callbacks: Sequence[Any], ctx: Context) -> None:
             method(ctx)
         except Exception as error:  # noqa: BLE001 -- re-raised with the callback's name
             where = ""
-            if ctx.state is not None:
-                ts = ctx.state.timestamp
+            ts = ctx.timestamp
+            if ts is not None:
                 where = f" at epoch {ts.epoch}, batch {ts.batch}"
             raise CallbackError(callback_name(callback), event, error, where) from error

@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import math
-import time as wallclock
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,8 +52,8 @@ class Every:
     """Whether an interval falls on a batch end or an epoch end.
 
     Whole epochs fire at the end of the epoch; every other unit fires on the batches that are
-    multiples of the interval in batches (rounded, at least 1), wall-clock intervals once that
-    much time has passed since the last firing.
+    multiples of the interval in batches (rounded, at least 1), wall-clock intervals once the
+    run's clock (`Timestamp.elapsed_sec`) has advanced that much since the last firing.
 
     Args:
         interval: the parsed interval; None: never.
@@ -65,7 +64,11 @@ class Every:
 
     def __init__(self, interval: Time | None):
         self.interval = interval
-        self._last_clock = wallclock.monotonic()
+        self._last_clock: float | None = None  # the run's clock when a wall-clock interval fired
+
+    def start(self, elapsed_sec: float) -> None:
+        """Count wall-clock intervals from `elapsed_sec`, the run's clock when `fit` starts."""
+        self._last_clock = elapsed_sec
 
     @property
     def by_epoch(self) -> bool:
@@ -88,7 +91,11 @@ class Every:
                 bool(bpe) and ts.batch_in_epoch == bpe and (ts.epoch + 1) % int(interval.value) == 0
             )
         if interval.unit is TimeUnit.SECOND:
-            now = wallclock.monotonic()
+            # The run's clock (`elapsed_sec`), which every rank agrees on at each step boundary,
+            # and not this process's own: an evaluation is collective, so all ranks must fire.
+            now = ts.elapsed_sec
+            if self._last_clock is None:
+                self._last_clock = now
             if now - self._last_clock >= interval.value:
                 self._last_clock = now
                 return True

@@ -1,10 +1,14 @@
 """`fit`: the training driver, and with `functrain.evaluation` the only place with side effects.
 
-`fit` feeds batches to a pure step `(state, batch) -> (state, metrics)` until the run's duration is
+`fit` feeds batches to a step `(state, batch) -> (state, metrics)` until the run's duration is
 reached, emitting the events of `functrain.events` to callbacks and loggers, evaluating and
-checkpointing at their intervals. Everything a run is lives in the returned `TrainState` (the data
-position is `state.timestamp`'s epoch and batch), so calling `fit` again with a longer duration
+checkpointing at their intervals. Everything a run is lives in the returned state (the data
+position is its timestamp's epoch and batch), so calling `fit` again with a longer duration
 continues the run, and `autoresume=True` continues from the newest checkpoint.
+
+The state is one `TrainState`, or any pytree of states (`{"g": ..., "d": ...}`, a teacher and a
+student) trained by a user step over the whole pytree; then `fit` trains and returns a
+`functrain.FitState` that holds the pytree and the loop's own position (see fit_state.py).
 
 Example:
     >>> step = functrain.make_step(model, loss_fn, opt)
@@ -24,52 +28,51 @@ from typing import Any
 
 import torch
 
-from .batching import to_device
+from .batching import num_samples, to_device
 from .data import DataSource
 from .evaluation import describe_batch, dp_info, evaluate, predict, run_eval, state_device
 from .events import Context, Event, dispatch, unique_names
-from .horizon import Every as _Every
+from .fit_options import FitOptions, FitResult
+from .fit_state import FitState, map_train_states
 from .horizon import (
+    Every,
     check_fraction_intervals,
     data_batches_per_epoch,
     max_batches_for,
     run_finished,
 )
-from .horizon import parse_time as _parse_time
-from .metrics import resolve_metrics
+from .loggers import JSONLLogger, ProgressBar
 from .preemption import (
-    StopOnSigterm,
-    agree_on_stop,
+    Boundary,
+    StopKind,
+    StopSignals,
+    agree,
     checkpoint_manager,
     restore_latest,
+    stop_reason_for,
     wait_for_saves,
     with_loop_extra,
 )
 from .rng import RngState, seed_for
 from .state import TrainState
 from .step_protocol import as_step
-from .time import TimeLike, TimeUnit
+from .time import TimeLike, Timestamp, TimeUnit
 
-# `evaluate` and `predict` live in functrain.evaluation; re-exported so `from functrain.loop
-# import evaluate, predict` keeps working. The duration/interval parsing (`_parse_time`, `_Every`)
-# lives in functrain.horizon; its old private names stay importable from here.
+# `evaluate` and `predict` live in functrain.evaluation; re-exported for `from functrain.loop
+# import evaluate, predict`.
 __all__ = ["StepError", "evaluate", "fit", "predict"]
 
-# Step metrics that are counts, not measurements: kept out of the "train/" logs.
-_NOT_LOGGED = ("samples", "tokens")
+# Step metrics that are not measurements: kept out of the "train/" logs.
+_NOT_LOGGED = ("samples", "tokens", "outputs", "targets")
 
 
 class StepError(RuntimeError):
     """The step failed on a batch; names the batch's position and structure. See `__cause__`."""
 
 
-# ------------------------------------------------------------------------------------------------
-# fit
-
-
 def fit(
-    step: Callable[[TrainState, Any], tuple[TrainState, dict]],
-    state: TrainState,
+    step: Callable[[Any, Any], tuple[Any, dict]],
+    state: Any,
     train_data: Any,
     *,
     duration: TimeLike,
@@ -77,7 +80,10 @@ def fit(
     eval_interval: TimeLike | None = "1ep",
     eval_fn: Callable | None = None,
     eval_metrics: Any = None,
-    eval_state_fn: Callable[[TrainState], TrainState] | None = None,
+    eval_state_fn: Callable[[Any], Any] | None = None,
+    input_key: Any = 0,
+    target_key: Any = 1,
+    train_metrics: Any = None,
     callbacks: Iterable[Any] = (),
     loggers: Iterable[Any] = (),
     checkpoints: Any = None,
@@ -86,60 +92,82 @@ def fit(
     donate: bool = True,
     run_dir: str | os.PathLike | None = None,
     seed: int | None = None,
-) -> TrainState:
+    progress: bool = True,
+    return_result: bool = False,
+) -> Any:
     """Train `state` with `step` on `train_data` until `duration`, and return the final state.
 
     Args:
-        step: `(state, batch) -> (state, metrics)`, e.g. from `functrain.make_step`; gradient
-            accumulation and precision are the step's options.
-        state: the `TrainState` to start from. With `donate=True` it is consumed: its tensors are
-            updated in place, so use only the returned state afterwards.
+        step: `(state, batch) -> (state, metrics)`, e.g. from `functrain.make_step`, or any
+            `functrain.StepLike` (a plain function is adapted by `functrain.as_step`).
+        state: the `TrainState` to start from; or a pytree of states for a step over all of
+            them (`{"g": TrainState, "d": TrainState}`), which fit wraps in a `FitState` with
+            the loop's own position; or a `FitState` returned by an earlier `fit` (continues
+            it). With `donate=True` it is consumed: use only the returned state afterwards.
         train_data: a `functrain.data.Loader` (resumes mid-epoch in O(1)), an iterable with
             `state_dict`/`load_state_dict` (resumes through them), or any re-iterable of batches
             such as a `DataLoader` (resumes by replaying the epoch's earlier batches).
         duration: the run's TOTAL length, counted from step 0 ("3ep", "500ba", "1e6tok",
             "50000sp", "2h"); a state that already reached it returns at once, so calling `fit`
-            again with a longer duration continues the run.
+            again with a longer duration continues the run. Schedules written in "dur" (and
+            "ep") units then follow the new length, as in Composer.
         eval_data: an iterable of evaluation batches, or `{name: iterable}` for several sets.
         eval_interval: how often to evaluate ("1ep", "500ba", "0.25dur", "10m"); None: only
             at the end. An evaluation also runs at the end unless the last batch had one.
         eval_fn: `(model, batch) -> (outputs, targets)` for the metrics (see `evaluate`).
         eval_metrics: metrics for evaluation: names ("accuracy", "cross_entropy",
             "perplexity"), `functrain.metrics` objects, torchmetrics metrics, or a dict of them.
-            The eval loss (`step.loss_fn` on the eval batches) is always reported.
+            The eval loss (the step's loss on the eval batches) is always reported.
         eval_state_fn: `state -> state` evaluated in place of the training state, e.g.
             `functrain.algorithms.swap_in_ema` to evaluate the EMA weights (as Composer does).
+        input_key, target_key: where inputs and targets sit in a batch (as in `evaluate`).
+        train_metrics: metrics computed on the training batches from the step's outputs (no
+            extra forward pass): the step's metrics must hold the model's outputs under
+            "outputs" (`loss_fn` returns `loss, {"outputs": logits}`) and, optionally, the
+            targets under "targets" (else `batch[target_key]`). Logged as "train/<name>" at
+            each log interval, over the batches since the previous one.
         callbacks: objects with a method per event they handle (see `functrain.events`).
         loggers: callbacks that also have `log_metrics(metrics, step)`.
         checkpoints: a `functrain.checkpoint.Manager`, or a directory for one that saves every
-            epoch (closed when fit returns); saved when `should_save(timestamp)` says so, and at
-            the end.
+            epoch (closed when fit returns); saved when `should_save(timestamp)` says so, when
+            the run stops early, and at the end.
         autoresume: restore the newest committed checkpoint of `checkpoints` before training.
         log_interval: how often the step's metrics go to the loggers ("10ba"); None: never.
         donate: let the step update the state in place (JAX's donation): fast, and `state`
             must not be used after the call.
-        run_dir: the run's directory, given to callbacks as `ctx.run_dir`.
+        run_dir: the run's directory, given to callbacks as `ctx.run_dir`; fit writes the logged
+            metrics to `<run_dir>/metrics.jsonl` (`python -m functrain.plot run_dir`) unless a
+            `JSONLLogger` is among the loggers.
         seed: if set, seeds torch's global generator at the start (from `seed` and the state's
             step) for code outside functrain that draws from it; functrain's own randomness
             always derives from `state.rng`.
+        progress: show progress (a bar in a terminal, a periodic line elsewhere, on rank 0) and
+            the loop's status lines (resumed, already finished, stopped); False: silent.
+        return_result: return a `functrain.FitResult` (the state, and whether the run finished,
+            stopped or was preempted, with its checkpoint) instead of the state alone.
     Returns:
-        the trained `TrainState`.
+        the trained `TrainState` (a `FitState` for a pytree of states), or a `FitResult`.
     Raises:
         ValueError: a bad duration/interval string, empty data, or data that changed under a
             mid-epoch resume. `StepError`: the step failed on a batch (its position and shape
-            are named). `functrain.events.CallbackError`: a callback raised. In every case any
-            in-flight checkpoint save finishes first, so checkpoints on disk stay intact.
+            are named). `functrain.events.CallbackError`: a callback raised.
+            `functrain.checkpoint.CheckpointMismatchError`: the newest checkpoint does not fit
+            the step's state. In every case any in-flight checkpoint save finishes first, so
+            checkpoints on disk stay intact.
+
+    SIGTERM or a first Ctrl-C stops the run at the next step boundary (on every rank at the same
+    step), saves a checkpoint and returns (`FitResult.preempted`); a second Ctrl-C aborts.
     """
-    run = _FitRun(
-        step,
-        state,
-        train_data,
+    options = FitOptions.create(
         duration=duration,
         eval_data=eval_data,
         eval_interval=eval_interval,
         eval_fn=eval_fn,
         eval_metrics=eval_metrics,
         eval_state_fn=eval_state_fn,
+        input_key=input_key,
+        target_key=target_key,
+        train_metrics=train_metrics,
         callbacks=callbacks,
         loggers=loggers,
         checkpoints=checkpoints,
@@ -148,129 +176,120 @@ def fit(
         donate=donate,
         run_dir=run_dir,
         seed=seed,
+        progress=progress,
     )
-    return run.run()
+    result = _FitRun(step, state, train_data, options).run()
+    return result if return_result else result.state
 
 
 class _FitRun:
-    """One call of `fit`: its configuration, position and event context."""
+    """One call of `fit`: its options, the state it trains (one copy), and its event context."""
 
-    def __init__(self, step, state, train_data, **options):
+    def __init__(self, step: Any, state: Any, train_data: Any, options: FitOptions):
+        self.options = options
         step = as_step(step)
-        if not isinstance(state, TrainState):
-            raise TypeError(
-                f"fit needs a TrainState (functrain.init(model, optimizer)), got "
-                f"{type(state).__name__}"
-            )
-        self.duration = _parse_time(options["duration"], "duration")
-        if self.duration.unit is TimeUnit.DURATION:
-            raise ValueError(
-                f"fit(duration={options['duration']!r}): the duration cannot be a fraction of "
-                "itself; use epochs, batches, samples, tokens or wall-clock time ('3ep', '500ba')"
-            )
-        self.eval_every = _Every(_parse_time(options["eval_interval"], "eval_interval", True))
-        self.log_every = _Every(_parse_time(options["log_interval"], "log_interval", True))
-        if options["donate"]:
-            step = step.donated()
-        self.step = step
-        self.state = state
+        self.step = step.donated() if options.donate else step
+        self.multi = not isinstance(state, TrainState)
+        if self.multi and not isinstance(state, FitState):
+            state = FitState(states=state)
+        self.state = state  # the one copy of the run's state; ctx.state reads it
         self.source = DataSource(train_data)
-        self.eval_sets = _eval_sets(options["eval_data"])
-        self.eval_fn = options["eval_fn"]
-        self.eval_metrics = resolve_metrics(options["eval_metrics"])
-        self.eval_state_fn = options["eval_state_fn"]
-        self.callbacks = list(options["callbacks"]) + list(options["loggers"])
-        for logger in options["loggers"]:
-            if not callable(getattr(logger, "log_metrics", None)):
-                raise TypeError(
-                    f"logger {type(logger).__name__} has no log_metrics(metrics, step) method; "
-                    "pass plain observers as callbacks="
-                )
-        self.names = unique_names(self.callbacks)
-        self.checkpoints = checkpoint_manager(options["checkpoints"])
+        self.eval_every = Every(options.eval_interval)
+        self.log_every = Every(options.log_interval)
+        self.checkpoints = checkpoint_manager(options.checkpoints)
         # a Manager made here from a directory is closed here; one passed in stays open
-        self._own_manager = isinstance(options["checkpoints"], (str, os.PathLike))
-        self.autoresume = options["autoresume"]
-        if self.autoresume and self.checkpoints is None:
-            raise ValueError("fit(autoresume=True) needs checkpoints=Manager(root) to resume from")
-        self.seed = options["seed"]
+        self._own_manager = isinstance(options.checkpoints, (str, os.PathLike))
+        loggers = list(options.loggers)
+        observers = list(options.callbacks) + loggers
+        self.progress = next((cb for cb in observers if isinstance(cb, ProgressBar)), None)
+        if self.progress is None and options.progress:
+            self.progress = ProgressBar()
+            loggers.append(self.progress)
+        if options.run_dir is not None and not any(isinstance(c, JSONLLogger) for c in observers):
+            loggers.append(JSONLLogger())  # <run_dir>/metrics.jsonl, for functrain.plot
+        self.callbacks = list(options.callbacks) + loggers
+        self.names = unique_names(self.callbacks)
         self.rank, self.world_size = dp_info()
         self.device = state_device(state)
         self.ctx = Context(
+            run=self,
             rank=self.rank,
             world_size=self.world_size,
-            run_dir=None if options["run_dir"] is None else os.fspath(options["run_dir"]),
+            run_dir=options.run_dir,
             loggers=[cb for cb in self.callbacks if callable(getattr(cb, "log_metrics", None))],
-            duration=self.duration,
+            duration=options.duration,
+            log_interval=options.log_interval,
         )
-        self.ctx.log_interval = self.log_every.interval
-        self.last_saved_batch = -1
-        self.last_eval_batch = -1
-        self.last_log_batch = -1
+        self.signals = StopSignals(rank=self.rank, quiet=not options.progress)
+        self.boundary = Boundary()  # the decision of the latest step boundary
+        self.last_saved_batch = self.last_eval_batch = self.last_log_batch = -1
+        self._elapsed0, self._t0 = state.timestamp.elapsed_sec, wallclock.monotonic()
 
     # -- the run -----------------------------------------------------------------------------
 
-    def run(self) -> TrainState:
-        ctx = self.ctx
-        failed = True
+    def run(self) -> FitResult:
+        failed, aborted = True, False
         try:
-            with StopOnSigterm(ctx):  # SIGTERM: finish the step, checkpoint, return
-                ctx.state = self.state
+            with self.signals:  # SIGTERM, Ctrl-C: finish the step, checkpoint, return
                 self._emit(Event.INIT)
-                if self.autoresume:
-                    self._resume()
+                self._check_eval_sets()
+                self._set_state(self._init_state(self.state))
+                found = self._resume() if self.options.autoresume else None
+                previous_horizon = self.timestamp.max_batches
                 self._set_horizon()
-                if self.seed is not None:
-                    torch.manual_seed(
-                        seed_for(RngState(self.seed), self.state.step, "fit", self.rank)
-                    )
+                self._announce(found, previous_horizon)
+                if self.options.seed is not None:
+                    seed = seed_for(RngState(self.options.seed), self.state.step, "fit", self.rank)
+                    torch.manual_seed(seed)
                 self._emit(Event.FIT_START)
+                self._agree()
                 trained = self._train()
-                stopped = ctx.stop_requested
+                stopped = bool(self.boundary.stop)
                 if (
                     trained
                     and not stopped
-                    and self.eval_sets
+                    and self.options.eval_sets
                     and self.last_eval_batch != self._batch()
                 ):
                     self._evaluate()
-                if trained or ctx.stop_requested:
-                    self._checkpoint(final=True)
+                if trained or stopped:
+                    self._checkpoint()
+                if self.checkpoints is not None:
+                    self.checkpoints.wait()  # committed before FIT_END and the "stopped" line
                 self._emit(Event.FIT_END)
+                self._say_end()
                 failed = False
-                return self.state
+                return self._result()
+        except KeyboardInterrupt:
+            aborted = True  # a second Ctrl-C: no waiting for saves in flight
+            raise
         finally:
-            if self.checkpoints is not None:
+            if self.checkpoints is not None and not aborted:
                 wait_for_saves(self.checkpoints, failed)
                 if self._own_manager:
                     self.checkpoints.close()
 
     def _train(self) -> bool:
         """The epoch loop; True when at least one batch was trained."""
-        ctx, trained = self.ctx, False
-        bpe = self.state.timestamp.batches_per_epoch
-        agree_on_stop(ctx)
-        while not self._done() and not ctx.stop_requested:
-            ts = self.state.timestamp
+        trained = False
+        while not self._done() and not self.boundary.stop:
+            ts = self.timestamp
             epoch, start = ts.epoch, ts.batch_in_epoch
             if start == 0:
                 self._emit(Event.EPOCH_START)
-            seen = 0
-            epoch_complete = True
+            seen, epoch_complete = 0, True
             for batch in self.source.epoch_iter(epoch, start):
                 seen += 1
                 trained = True
                 self._train_batch(batch)
-                agree_on_stop(ctx)
-                ts = self.state.timestamp
-                last_of_epoch = bool(bpe) and ts.batch_in_epoch >= bpe
-                if not last_of_epoch:
-                    if self.checkpoints is not None and self.checkpoints.should_save(ts):
-                        self._checkpoint()
-                    if ctx.stop_requested or self._done():
-                        epoch_complete = False  # the final checkpoint is written in run()
-                        break
-                else:
+                self._agree()  # the step boundary: every decision below follows it
+                ts = self.timestamp
+                if bool(ts.batches_per_epoch) and ts.batch_in_epoch >= ts.batches_per_epoch:
+                    break  # the last batch of the epoch: _end_epoch saves and stops
+                if self.checkpoints is not None and self.checkpoints.should_save(ts):
+                    self._checkpoint()
+                if self.boundary.stop or self._done():
+                    epoch_complete = False  # the final checkpoint is written in run()
                     break
             if seen == 0 and start == 0:
                 raise ValueError(
@@ -280,7 +299,7 @@ class _FitRun:
                 )
             if epoch_complete:
                 self._end_epoch()
-                agree_on_stop(ctx)
+                self._agree()
         return trained
 
     def _train_batch(self, batch: Any) -> None:
@@ -289,45 +308,92 @@ class _FitRun:
             batch = to_device(batch, self.device, non_blocking=True)
         ctx.batch = batch
         self._emit(Event.BATCH_START)
-        state = self.state
         try:
-            state, metrics = self.step(state, batch)
+            state, metrics = self._call_step(batch)
         except Exception as error:
-            ts = self.state.timestamp
+            ts = self.timestamp
             raise StepError(
                 f"the step failed on batch {ts.batch_in_epoch} of epoch {ts.epoch} (batch "
                 f"{ts.batch} of the run), a {describe_batch(batch)}: {type(error).__name__}: "
                 f"{error}. Check that loss_fn(model, batch) can consume this batch."
             ) from error
-        elapsed = self._elapsed0 + (wallclock.monotonic() - self._t0)
-        self.state = state.replace(timestamp=state.timestamp.replace(elapsed_sec=elapsed))
+        self._check_step_output(state, metrics)
+        self._set_state(state)
         self._estimate_horizon()
-        ctx.state, ctx.metrics = self.state, metrics
-        ts = self.state.timestamp
+        ctx.metrics = metrics
+        self._update_train_metrics(metrics, batch)
+        ts = self.timestamp
         if self.log_every.at_batch_end(ts):
             self._log_train(metrics, ts.batch)
         self._emit(Event.BATCH_END)
-        bpe = ts.batches_per_epoch
-        last_of_epoch = bool(bpe) and ts.batch_in_epoch >= bpe
+        last_of_epoch = bool(ts.batches_per_epoch) and ts.batch_in_epoch >= ts.batches_per_epoch
         if not last_of_epoch and not self.eval_every.by_epoch and self.eval_every.at_batch_end(ts):
             self._evaluate()
 
-    def _log_train(self, metrics: dict[str, Any], batch: int) -> None:
+    def _call_step(self, batch: Any) -> tuple[Any, dict]:
+        if not self.multi:
+            return self.step(self.state, batch)
+        # A step over a pytree of states: the loop advances its own position.
+        run = self.state
+        states, metrics = self.step(run.states, batch)
+        samples = metrics.get("samples") if isinstance(metrics, Mapping) else None
+        if not isinstance(samples, int):  # the step's own global count, else the batch's
+            samples = num_samples(batch) * self.world_size
+        tokens = metrics.get("tokens", 0) if isinstance(metrics, Mapping) else 0
+        tokens = tokens if isinstance(tokens, int) else 0
+        return run.replace(
+            states=states, timestamp=run.timestamp.advance_batch(samples, tokens)
+        ), metrics
+
+    def _check_step_output(self, state: Any, metrics: Any) -> None:
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"the step returned {type(metrics).__name__} as its metrics; a step returns "
+                "(state, metrics) with metrics a dict such as {'loss': loss}"
+            )
+        if not self.multi and not isinstance(state, TrainState):
+            raise TypeError(
+                f"the step returned a {type(state).__name__} for a TrainState; a step returns "
+                "(new_state, metrics). For a step over several states pass them as a pytree "
+                "({'g': ..., 'd': ...}) to fit"
+            )
+
+    def _log_train(self, metrics: Mapping[str, Any], batch: int) -> None:
         shown = {k: v for k, v in metrics.items() if k not in _NOT_LOGGED}
+        for name, metric in self.options.train_metrics.items():
+            shown[name] = metric.compute()  # collective under several ranks: all ranks log
+            metric.reset()
         self.ctx.log({f"train/{k}": v for k, v in shown.items()}, step=batch)
         self.last_log_batch = batch
 
+    def _update_train_metrics(self, metrics: Mapping[str, Any], batch: Any) -> None:
+        if not self.options.train_metrics:
+            return
+        outputs = metrics.get("outputs")
+        if outputs is None:
+            raise ValueError(
+                "fit(train_metrics=...) computes the metrics from the step's outputs, but the "
+                f"step's metrics have none (keys: {sorted(metrics)}); return them from loss_fn: "
+                "`return loss, {'outputs': logits}` (and 'targets' when the batch's "
+                "target_key does not hold them)"
+            )
+        targets = metrics.get("targets")
+        if targets is None:
+            targets = _batch_item(batch, self.options.target_key)
+        for metric in self.options.train_metrics.values():
+            metric.update(outputs, targets)
+
     def _end_epoch(self) -> None:
-        before = self.state.timestamp
+        before = self.timestamp
         after = before.advance_epoch()
         if not before.batches_per_epoch and before.batch_in_epoch:
             after = after.replace(batches_per_epoch=before.batch_in_epoch)  # learnt from the data
-        if not after.max_batches and self.duration.unit is TimeUnit.EPOCH:
+        if not after.max_batches and self.options.duration.unit is TimeUnit.EPOCH:
             bpe = after.batches_per_epoch
-            self.max_batches = max_batches_for(self.duration, bpe, after, self.source.data)
-            after = after.replace(max_batches=self.max_batches)
-        self.state = self.state.replace(timestamp=after)
-        self.ctx.state = self.state
+            after = after.replace(
+                max_batches=max_batches_for(self.options.duration, bpe, after, self.source.data)
+            )
+        self._set_timestamp(after)
         if self.log_every.at_epoch_end(after) and self.last_log_batch != before.batch:
             # An epoch interval on data of unknown length: the last batch of the epoch was only
             # known once the data ran out, so its metrics are logged here.
@@ -342,93 +408,247 @@ class _FitRun:
         ):
             self._checkpoint()
 
-    # -- horizon -----------------------------------------------------------------------------
+    # -- the agreed step boundary --------------------------------------------------------------
+
+    def _agree(self) -> None:
+        """Take this boundary's decision with every rank (stop or not, the run's clock)."""
+        elapsed = self._elapsed0 + (wallclock.monotonic() - self._t0)
+        pending = self.signals.pending
+        boundary = agree(pending, self.ctx.stop_reason, elapsed)
+        self.boundary = boundary
+        if boundary.stop is not StopKind.NONE:
+            self.ctx.stop_reason = stop_reason_for(boundary, pending, self.ctx.stop_reason)
+        self._set_timestamp(self.timestamp.replace(elapsed_sec=boundary.elapsed_sec))
+
+    # -- the state and its horizon -------------------------------------------------------------
+
+    @property
+    def timestamp(self) -> Timestamp:
+        return self.state.timestamp
+
+    def _set_state(self, state: Any) -> None:
+        self.state = state
+
+    def _set_timestamp(self, ts: Timestamp) -> None:
+        before = self.state.timestamp
+        self.state = self.state.replace(timestamp=ts)
+        horizon = (ts.batches_per_epoch, ts.max_batches)
+        if self.multi and horizon != (before.batches_per_epoch, before.max_batches):
+            self._share_horizon()
+
+    def _share_horizon(self) -> None:
+        """The run's horizon in every TrainState of a pytree (their schedules read it)."""
+        ts = self.timestamp
+
+        def with_horizon(inner: TrainState) -> TrainState:
+            return inner.replace(
+                timestamp=inner.timestamp.replace(
+                    batches_per_epoch=ts.batches_per_epoch, max_batches=ts.max_batches
+                )
+            )
+
+        self.state = self.state.replace(states=map_train_states(with_horizon, self.state.states))
+
+    def _init_state(self, state: Any) -> Any:
+        """What the step keeps in the state, added before a restore target is built."""
+        if self.multi:
+            return state.replace(states=self.step.init_state(state.states))
+        return self.step.init_state(state)
+
+    def _step_state(self) -> Any:
+        """The state the step takes: the TrainState, or the pytree of a FitState."""
+        return self.state.states if self.multi else self.state
 
     def _set_horizon(self) -> None:
-        ts = self.state.timestamp
+        ts = self.timestamp
         # 0 when the data has no length: then what an earlier epoch of this run learnt, if any
         bpe = data_batches_per_epoch(self.source) or ts.batches_per_epoch
-        self.max_batches = max_batches_for(self.duration, bpe, ts, self.source.data)
-        self.state = self.state.replace(
-            timestamp=ts.replace(batches_per_epoch=bpe, max_batches=self.max_batches)
-        )
-        self.ctx.state = self.state
-        self._elapsed0, self._t0 = self.state.timestamp.elapsed_sec, wallclock.monotonic()
+        max_batches = max_batches_for(self.options.duration, bpe, ts, self.source.data)
+        self._set_timestamp(ts.replace(batches_per_epoch=bpe, max_batches=max_batches))
+        if self.multi:
+            self._share_horizon()
+        self._elapsed0, self._t0 = self.timestamp.elapsed_sec, wallclock.monotonic()
+        for every in (self.eval_every, self.log_every):
+            every.start(self._elapsed0)
         check_fraction_intervals(
-            self.duration,
-            self.max_batches,
+            self.options.duration,
+            max_batches,
             {"eval_interval": self.eval_every.interval, "log_interval": self.log_every.interval},
         )
 
     def _estimate_horizon(self) -> None:
         """Samples/tokens durations: fix `max_batches` after the first counted batch."""
-        ts = self.state.timestamp
-        if ts.max_batches or self.duration.unit not in (TimeUnit.SAMPLE, TimeUnit.TOKEN):
+        ts = self.timestamp
+        if ts.max_batches or self.options.duration.unit not in (TimeUnit.SAMPLE, TimeUnit.TOKEN):
             return
         try:
-            estimate = int(math.ceil(ts.to_batches(self.duration) - 1e-9))
+            estimate = int(math.ceil(ts.to_batches(self.options.duration) - 1e-9))
         except ValueError:
             return
-        self.max_batches = estimate
-        self.state = self.state.replace(timestamp=ts.replace(max_batches=estimate))
+        self._set_timestamp(ts.replace(max_batches=estimate))
 
     def _done(self) -> bool:
-        return run_finished(self.duration, self.state.timestamp)
+        return run_finished(self.options.duration, self.timestamp)
 
     def _batch(self) -> int:
-        return self.state.timestamp.batch
+        return self.timestamp.batch
 
     # -- evaluation, checkpoints, resume -----------------------------------------------------
+
+    def _check_eval_sets(self) -> None:
+        """An evaluation set with a length of 0 on every rank fails now, not after training."""
+        for name, data in self.options.eval_sets.items():
+            try:
+                count = len(data)
+            except TypeError:
+                continue  # unsized: checked when evaluated
+            _no_eval_batches(name, _sum_over_ranks(count))
 
     def _evaluate(self) -> None:
         ctx = self.ctx
         results: dict[str, float] = {}
-        state = self.state if self.eval_state_fn is None else self.eval_state_fn(self.state)
-        for name, data in self.eval_sets.items():
+        state = self._step_state()
+        if self.options.eval_state_fn is not None:
+            state = self.options.eval_state_fn(state)
+        for name, data in self.options.eval_sets.items():
+            counted = _Counted(data)
             values = run_eval(
                 self.step,
                 state,
-                data,
-                metrics=self.eval_metrics,
-                eval_fn=self.eval_fn,
+                counted,
+                metrics=self.options.eval_metrics,
+                eval_fn=self.options.eval_fn,
                 emit=self._emit,
                 ctx=ctx,
                 device=self.device,
+                input_key=self.options.input_key,
+                target_key=self.options.target_key,
             )
+            _no_eval_batches(name, _sum_over_ranks(counted.count))
             results.update({(k if name is None else f"{name}/{k}"): v for k, v in values.items()})
             ctx.eval_metrics = dict(results)
         ctx.log({f"eval/{k}": v for k, v in results.items()}, step=self._batch())
         self.last_eval_batch = self._batch()
 
-    def _checkpoint(self, final: bool = False) -> None:
+    def _checkpoint(self) -> None:
         if self.checkpoints is None or self.last_saved_batch == self._batch():
             return
         self.state = with_loop_extra(self.state, self.names, self.callbacks, self.source)
         path = self.checkpoints.save(self.state)
         self.last_saved_batch = self._batch()
-        self.ctx.state = self.state
         self.ctx.checkpoint_path = path
         self._emit(Event.CHECKPOINT)
 
-    def _resume(self) -> None:
-        restored = restore_latest(
+    def _resume(self) -> tuple[str | None, Timestamp] | None:
+        """Restore the newest checkpoint; `(path or None for init_from, its timestamp)`."""
+        found = restore_latest(
             self.checkpoints, self.state, self.names, self.callbacks, self.source
         )
-        if restored is None:
-            return
+        if found is None:
+            return None
+        restored, path = found
         self.state = restored
-        self.last_saved_batch = restored.timestamp.batch
-        latest = getattr(self.checkpoints, "latest", None)
-        self.ctx.resumed_from = latest() if callable(latest) else True
-        self.ctx.state = self.state
+        if path is not None:
+            self.last_saved_batch = restored.timestamp.batch
+            self.ctx.resumed_from = self.ctx.checkpoint_path = path
+        return path, restored.timestamp
+
+    # -- what the run says ---------------------------------------------------------------------
+
+    def _say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.say(text)
+
+    def _where(self) -> str:
+        ts = self.timestamp
+        return f"step {self.state.step} (epoch {ts.epoch}, batch {ts.batch_in_epoch})"
+
+    def _announce(self, found: tuple[str | None, Timestamp] | None, previous_horizon: int) -> None:
+        """The status line of the start: resumed, already finished, or a changed length."""
+        ts = self.timestamp
+        if found is not None and found[0] is None:
+            self._say(f"starting from the weights of {self.checkpoints.init_from}")
+        elif found is not None:
+            self._say(f"resumed from {found[0]} at {self._where()}")
+        if self._done():
+            self._say(
+                f"run already finished at {self._where()} (duration {self.options.duration}); "
+                "pass a longer duration to continue it"
+            )
+        elif ts.batch and previous_horizon and ts.max_batches != previous_horizon:
+            self._say(
+                f"the run's length changed from {previous_horizon} to {ts.max_batches or '?'} "
+                f"batches (duration {self.options.duration}): schedules in 'dur' or 'ep' units "
+                "now follow the new length, as in Composer (the learning rate may jump); write "
+                "their times in batches ('500ba') to keep them fixed"
+            )
+
+    def _say_end(self) -> None:
+        boundary = self.boundary
+        if not boundary.stop:
+            return
+        how = "by " + boundary.stop.name if boundary.preempted else f"({self.ctx.stop_reason})"
+        if self.checkpoints is None:
+            saved = "no checkpoint was saved (fit had no checkpoints=)"
+        else:
+            saved = f"checkpoint {self.ctx.checkpoint_path}; rerun with autoresume=True to continue"
+        self._say(f"stopped {how} at {self._where()} before the end of the run; {saved}")
+
+    def _result(self) -> FitResult:
+        boundary = self.boundary
+        return FitResult(
+            state=self.state,
+            finished=self._done(),
+            stop_reason=self.ctx.stop_reason if boundary.stop else None,
+            preempted=boundary.preempted,
+            signal=boundary.stop.name if boundary.preempted else None,
+            checkpoint=self.ctx.checkpoint_path,
+            resumed_from=self.ctx.resumed_from,
+        )
 
     def _emit(self, event: Event) -> None:
         dispatch(event, self.callbacks, self.ctx)
 
 
-def _eval_sets(eval_data: Any) -> dict[str | None, Any]:
-    if eval_data is None:
-        return {}
-    if isinstance(eval_data, Mapping):
-        return {str(k): v for k, v in eval_data.items()}
-    return {None: eval_data}
+class _Counted:
+    """An iterable that counts the batches it yields (to refuse an evaluation of none)."""
+
+    def __init__(self, data: Any):
+        self.data, self.count = data, 0
+
+    def __iter__(self):
+        for batch in self.data:
+            self.count += 1
+            yield batch
+
+
+def _sum_over_ranks(count: int) -> int:
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return count
+    total = torch.tensor([count], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        total = total.cuda()
+    dist.all_reduce(total)
+    return int(total.item())
+
+
+def _no_eval_batches(name: str | None, total: int) -> None:
+    if total == 0:
+        which = "eval_data" if name is None else f"eval_data[{name!r}]"
+        raise ValueError(
+            f"{which} yields no batch (on any rank), so its metrics would be NaN: check the "
+            "evaluation set's length, and that a Loader used for it has drop_last=False when "
+            "the set is smaller than one batch"
+        )
+
+
+def _batch_item(batch: Any, key: Any) -> Any:
+    try:
+        return batch[key]
+    except (KeyError, IndexError, TypeError) as error:
+        raise ValueError(
+            f"cannot take the targets from a batch that is a {describe_batch(batch)} with key "
+            f"{key!r} ({type(error).__name__}: {error}); pass fit(target_key=...), or return "
+            "them from loss_fn under 'targets'"
+        ) from None

@@ -1,23 +1,31 @@
-"""What lets `fit` survive preemption: SIGTERM handling, agreeing on a stop across ranks, and the
+"""What lets `fit` survive preemption: signals, one agreed decision per step boundary, and the
 checkpoint glue that saves and restores the loop's own state (callbacks, data position).
 
-A SIGTERM only asks the run to stop: the current step finishes, every rank agrees to stop at the
-same step, the loop writes a final checkpoint and returns. The callbacks' `state_dict()` and the
-data loader's position are saved as JSON strings in `state.extra` (see `events.encode_state`), so
-`fit(..., autoresume=True)` continues bit-identically from the newest checkpoint.
+A SIGTERM (a scheduler preempting the job) or a first Ctrl-C (SIGINT) only asks the run to stop:
+the handler notes it, the current step finishes, and at the next step boundary every rank takes
+part in one agreement (`agree`) that decides, for all of them alike, whether to stop and what the
+run's clock reads. The loop acts only on that decision -- never on a flag a signal may set a
+moment later on one rank -- so all ranks stop at the same step and enter the final checkpoint's
+collectives together. A second Ctrl-C aborts at once (KeyboardInterrupt).
+
+The callbacks' `state_dict()` and the data loader's position are saved as JSON strings in the
+state's `extra` (see `events.encode_state`), so `fit(..., autoresume=True)` continues
+bit-identically from the newest checkpoint.
 
 Example:
-    >>> with StopOnSigterm(ctx):          # SIGTERM -> ctx.request_stop(...)
-    ...     state = train(...)
-    >>> state = with_loop_extra(state, names, callbacks, source)
-    >>> manager.save(state)
+    >>> with StopSignals(rank=0) as signals:
+    ...     boundary = agree(signals.pending, ctx.stop_reason, elapsed_sec=12.5)
+    ...     if boundary.stop:
+    ...         manager.save(with_loop_extra(state, names, callbacks, source))
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+import enum
 import os
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Sequence
@@ -25,117 +33,181 @@ from typing import Any
 
 import torch
 
+from .checkpoint import CheckpointMismatchError, Manager, describe
 from .data import DataSource
-from .events import Context, decode_state, encode_state
-from .state import TrainState
+from .events import decode_state, encode_state
 
 __all__ = [
     "CALLBACKS_KEY",
     "DATA_KEY",
-    "StopOnSigterm",
-    "agree_on_stop",
+    "Boundary",
+    "StopKind",
+    "StopSignals",
+    "agree",
     "checkpoint_manager",
     "restore_latest",
     "wait_for_saves",
     "with_loop_extra",
 ]
 
-# Where fit keeps its own entries in `state.extra` (JSON strings, see events.encode_state).
+# Where fit keeps its own entries in the state's `extra` (JSON strings, see events.encode_state).
 CALLBACKS_KEY = "callbacks"
 DATA_KEY = "data"
 
 
-class StopOnSigterm:
-    """While active, SIGTERM calls `ctx.request_stop("SIGTERM: preempted")` instead of killing.
+class StopKind(enum.IntEnum):
+    """Why a run stops; ranks agree on the largest value any of them saw."""
 
-    The previous handler comes back on exit. Off the main thread (where Python cannot set signal
-    handlers) it does nothing.
+    NONE = 0
+    CALLBACK = 1  # ctx.request_stop(...)
+    SIGINT = 2  # Ctrl-C
+    SIGTERM = 3  # preemption by the scheduler
 
-    Args:
-        ctx: the run's `Context`.
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """The decision every rank takes at one step boundary.
+
+    Attributes:
+        stop: why the run stops here (`StopKind.NONE`: it goes on).
+        elapsed_sec: the run's wall-clock time, the same on every rank (their maximum), so that
+            wall-clock durations and intervals fall on the same step everywhere.
     """
 
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self._old: tuple[Any] | None = None
+    stop: StopKind = StopKind.NONE
+    elapsed_sec: float = 0.0
 
-    def __enter__(self) -> StopOnSigterm:
+    @property
+    def preempted(self) -> bool:
+        """True when a signal (SIGTERM or Ctrl-C) stopped the run, on any rank."""
+        return self.stop in (StopKind.SIGTERM, StopKind.SIGINT)
+
+
+class StopSignals:
+    """While active, SIGTERM and the first SIGINT are noted in `pending` instead of killing.
+
+    A second SIGINT raises KeyboardInterrupt at once. The previous handlers come back on exit.
+    Off the main thread (where Python cannot set signal handlers) it does nothing.
+
+    Args:
+        rank: this process's rank; only rank 0 prints what a Ctrl-C does.
+        quiet: print nothing.
+    Attributes:
+        pending: the `StopKind` of the signal received, or `StopKind.NONE`.
+    """
+
+    def __init__(self, rank: int = 0, quiet: bool = False):
+        self.rank, self.quiet = rank, quiet
+        self.pending = StopKind.NONE
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
-            return self  # signal handlers can only be set from the main thread
-
-        def on_sigterm(signum, frame):  # finish the current step, checkpoint, return
-            self.ctx.request_stop("SIGTERM: preempted")
-
-        old = signal.signal(signal.SIGTERM, on_sigterm)
-        self._old = (signal.SIG_DFL if old is None else old,)
+            return self
+        for signum, handler in (
+            (signal.SIGTERM, self._on_sigterm),
+            (signal.SIGINT, self._on_sigint),
+        ):
+            old = signal.signal(signum, handler)
+            self._old[signum] = signal.SIG_DFL if old is None else old
         return self
 
+    def _on_sigterm(self, signum, frame) -> None:
+        self.pending = max(self.pending, StopKind.SIGTERM)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.pending is StopKind.SIGINT:  # the second Ctrl-C: abort now
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt("second Ctrl-C: fit aborted without a final checkpoint")
+        self.pending = max(self.pending, StopKind.SIGINT)
+        if not self.quiet and self.rank == 0:
+            print(
+                "\nfunctrain: Ctrl-C -- stopping at the next step boundary and saving a "
+                "checkpoint; press Ctrl-C again to abort at once",
+                file=sys.stderr,
+                flush=True,
+            )
+
     def __exit__(self, *exc: Any) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old[0])
-            self._old = None
+        for signum, old in self._old.items():
+            signal.signal(signum, old)
+        self._old = {}
 
 
-def agree_on_stop(ctx: Context) -> None:
-    """Stop on every rank when any rank was asked to (a callback, or SIGTERM arriving a step
-    apart): ranks that disagree would wait on each other's collectives forever.
+def agree(pending: StopKind, stop_reason: str | None, elapsed_sec: float) -> Boundary:
+    """The decision of one step boundary, the same on every rank.
+
+    Every rank calls it at every boundary (one small all-reduce when torch.distributed runs
+    several processes): ranks that decided apart would wait on each other's collectives forever.
 
     Args:
-        ctx: this rank's `Context`; `ctx.request_stop` is called when another rank stops.
+        pending: the signal this rank received (`StopSignals.pending`).
+        stop_reason: `ctx.stop_reason` on this rank (a callback's request), or None.
+        elapsed_sec: this rank's wall-clock time of the run.
+    Returns:
+        the agreed `Boundary`: the largest stop kind and the largest clock of all ranks.
     """
+    kind = max(pending, StopKind.CALLBACK if stop_reason is not None else StopKind.NONE)
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    flag = torch.tensor([1 if ctx.stop_requested else 0], dtype=torch.int32)
+        return Boundary(StopKind(kind), float(elapsed_sec))
+    values = torch.tensor([float(kind), float(elapsed_sec)], dtype=torch.float64)
     if dist.get_backend() == "nccl":  # a CPU tensor goes through gloo when it is configured
-        flag = flag.cuda()
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if int(flag.item()) and not ctx.stop_requested:
-        ctx.request_stop("stop requested on another rank")
+        values = values.cuda()
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    kind, elapsed = values.tolist()
+    return Boundary(StopKind(int(kind)), elapsed)
 
 
-def checkpoint_manager(checkpoints: Any) -> Any:
-    """`fit(checkpoints=...)` as a manager: None, a directory (a new `Manager`), or a manager.
+def stop_reason_for(boundary: Boundary, pending: StopKind, own_reason: str | None) -> str:
+    """The stop reason this rank reports for an agreed stop.
+
+    Args:
+        boundary: the agreed decision (its `stop` is not NONE).
+        pending: the signal this rank received.
+        own_reason: this rank's `ctx.stop_reason` (a callback's), if any.
+    """
+    if boundary.stop is StopKind.SIGTERM:
+        return "SIGTERM: preempted" + ("" if pending is StopKind.SIGTERM else " (on another rank)")
+    if boundary.stop is StopKind.SIGINT:
+        return "Ctrl-C (SIGINT)" + ("" if pending is StopKind.SIGINT else " on another rank")
+    return own_reason or "stop requested on another rank"
+
+
+def checkpoint_manager(checkpoints: Manager | str | os.PathLike | None) -> Manager | None:
+    """`fit(checkpoints=...)` as a `Manager`: None, a directory (a new `Manager`), or a manager.
 
     Raises:
-        TypeError: an object without `should_save`, `save` and `restore`.
+        TypeError: anything else.
     """
-    if checkpoints is None:
-        return None
+    if checkpoints is None or isinstance(checkpoints, Manager):
+        return checkpoints
     if isinstance(checkpoints, (str, os.PathLike)):
-        from .checkpoint import Manager
-
         return Manager(os.fspath(checkpoints))
-    missing = [m for m in ("should_save", "save", "restore") if not hasattr(checkpoints, m)]
-    if missing:
-        raise TypeError(
-            f"checkpoints must be a functrain.checkpoint.Manager (or a directory); "
-            f"{type(checkpoints).__name__} lacks {missing}"
-        )
-    return checkpoints
+    raise TypeError(
+        "fit(checkpoints=...) takes a functrain.checkpoint.Manager or a directory (a Manager "
+        f"that saves every epoch); got {type(checkpoints).__name__}"
+    )
 
 
-def wait_for_saves(manager: Any, failed: bool) -> None:
+def wait_for_saves(manager: Manager, failed: bool) -> None:
     """Finish in-flight saves; when an error is already propagating, warn instead of raising."""
-    wait = getattr(manager, "wait", None)
-    if not callable(wait):
-        return
     if not failed:
-        wait()
+        manager.wait()
         return
     try:  # an error is already propagating: finish the save, but do not mask the error
-        wait()
+        manager.wait()
     except Exception as error:  # noqa: BLE001
         warnings.warn(f"a checkpoint save failed while handling an error: {error}", stacklevel=3)
 
 
 def with_loop_extra(
-    state: TrainState, names: Sequence[str], callbacks: Sequence[Any], source: DataSource
-) -> TrainState:
+    state: Any, names: Sequence[str], callbacks: Sequence[Any], source: DataSource
+) -> Any:
     """`state` with the callbacks' state and the data position in `extra` (for saving).
 
     Args:
-        state: the state to save.
+        state: a `TrainState` or `FitState` (anything with `extra`, `timestamp`, `replace`).
         names: `events.unique_names(callbacks)`, the keys callback states are saved under.
         callbacks: the run's callbacks and loggers.
         source: the training data's `DataSource`.
@@ -145,7 +217,7 @@ def with_loop_extra(
     extra = dict(state.extra)
     saved = {}
     for name, callback in zip(names, callbacks):
-        state_dict = getattr(callback, "state_dict", None)
+        state_dict = getattr(callback, "state_dict", None)  # optional in the callback protocol
         if callable(state_dict) and not isinstance(callback, torch.nn.Module):
             saved[name] = encode_state(state_dict(), f"{name}.state_dict()")
     if saved:
@@ -157,41 +229,44 @@ def with_loop_extra(
 
 
 def restore_latest(
-    manager: Any,
-    state: TrainState,
+    manager: Manager,
+    like: Any,
     names: Sequence[str],
     callbacks: Sequence[Any],
     source: DataSource,
-) -> TrainState | None:
+) -> tuple[Any, str | None] | None:
     """Restore the newest checkpoint of `manager` into the run: the state, the callbacks' state
     (`load_state_dict`) and the data position.
 
     Args:
-        manager: the checkpoint manager.
-        state: the current state (the structure to restore into).
+        manager: the run's checkpoint manager.
+        like: the structure to restore into, with everything the step keeps in the state
+            (`step.init_state` already applied).
         names, callbacks, source: as in `with_loop_extra`.
     Returns:
-        the restored state, or None when there is no checkpoint.
+        `(restored state, path)` -- path None when the state came from the manager's
+        `init_from` (a fresh run starting from another run's weights) -- or None when there is
+        nothing to restore.
+    Raises:
+        CheckpointMismatchError: the checkpoint does not fit `like`, with what to do about it.
     """
-    like = with_loop_extra(state, names, callbacks, source)
-    if "ignore" in inspect.signature(manager.restore).parameters:
-        # The loop's own entries are read apart: the set of callbacks may differ on resume.
-        path = manager.latest()
-        restored = manager.restore(
-            like=like, ignore=(f"extra.{CALLBACKS_KEY}", f"extra.{DATA_KEY}")
-        )
-        saved_extra = _saved_loop_extra(path, manager) if restored is not None and path else {}
-    else:
-        restored = manager.restore(like=like)
-        saved_extra = restored.extra if restored is not None else {}
+    path = manager.latest()
+    # The loop's own entries are read apart: the set of callbacks may differ on resume.
+    ignore = (f"extra.{CALLBACKS_KEY}", f"extra.{DATA_KEY}")
+    try:
+        restored = manager.restore(like=like, ignore=ignore)
+    except CheckpointMismatchError as error:
+        raise CheckpointMismatchError(_mismatch_help(path, error)) from error
     if restored is None:
         return None
-    if saved_extra:
-        extra = {k: v for k, v in restored.extra.items() if k not in (CALLBACKS_KEY, DATA_KEY)}
-        restored = restored.replace(extra={**extra, **saved_extra})
+    if path is None:  # the weights of Manager(init_from=...): a new run, nothing else to load
+        return restored, None
+    saved_extra = _saved_loop_extra(path, manager.storage_options)
+    extra = {k: v for k, v in restored.extra.items() if k not in (CALLBACKS_KEY, DATA_KEY)}
+    restored = restored.replace(extra={**extra, **saved_extra})
     saved = restored.extra.get(CALLBACKS_KEY, {}) or {}
     for name, callback in zip(names, callbacks):
-        load = getattr(callback, "load_state_dict", None)
+        load = getattr(callback, "load_state_dict", None)  # optional in the callback protocol
         if name in saved and callable(load) and not isinstance(callback, torch.nn.Module):
             load(decode_state(saved[name]))
     data_state = restored.extra.get(DATA_KEY)
@@ -199,15 +274,27 @@ def restore_latest(
         decode_state(data_state) if isinstance(data_state, str) else None,
         restored.timestamp.batch_in_epoch,
     )
-    return restored
+    return restored, path
 
 
-def _saved_loop_extra(path: Any, manager: Any) -> dict[str, Any]:
+def _mismatch_help(path: str | None, error: CheckpointMismatchError) -> str:
+    """fit's own advice for a checkpoint that does not fit the run (load's names `like`/`strict`,
+    which fit does not take)."""
+    what = str(error).split(". Fix:")[0]
+    return (
+        f"fit(autoresume=True) cannot resume from {path}: {what}. The state fit resumes into is "
+        "built from the step it was given (model, optimizer, composed algorithms such as ema() "
+        "or swa(), precision), which must be the ones the checkpoint was written with. To "
+        "continue that run, build the same step; to start a new run from its weights only, "
+        f"give fit a Manager with a new root and init_from={path!r} (init_ignore=(...) skips "
+        "keys)"
+    )
+
+
+def _saved_loop_extra(path: str, storage_options: dict | None) -> dict[str, Any]:
     """The `extra["callbacks"]` and `extra["data"]` strings of the checkpoint at `path`."""
-    from .checkpoint import describe
-
     found: dict[str, Any] = {}
-    for record in describe(path, getattr(manager, "storage_options", None)).records:
+    for record in describe(path, storage_options).records:
         if len(record.path) < 2 or record.path[0] != "extra" or record.kind != "str":
             continue
         if record.path[1] == CALLBACKS_KEY and len(record.path) == 3:

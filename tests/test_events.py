@@ -1,12 +1,14 @@
 """Tests of functrain.events and the loop's event order: exact call counts for a fixed run."""
 
 import collections
+import uuid
 
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 import functrain
+from functrain.checkpoint import Manager, load
 from functrain.data import Loader
 from functrain.events import (
     CallbackError,
@@ -20,7 +22,6 @@ from functrain.events import (
     unique_names,
 )
 from functrain.loop import fit, predict
-from functrain.tree import tree_clone
 
 
 def fake_step(state, batch):
@@ -41,27 +42,14 @@ def fake_state():
     )
 
 
-class FakeManager:
-    """A checkpoint manager in memory: saves every `every` batches."""
+def memory_manager(every="3ba"):
+    """A real checkpoint Manager on a fresh in-memory store, keeping every checkpoint."""
+    every = f"{every}ba" if isinstance(every, int) else every
+    return Manager(f"memory://test_events/{uuid.uuid4().hex}", every=every, keep_last=None)
 
-    def __init__(self, every=3):
-        self.every, self.saved, self.waits = every, [], 0
 
-    def should_save(self, ts):
-        return ts.batch > 0 and ts.batch % self.every == 0
-
-    def save(self, state):
-        self.saved.append(tree_clone(state))
-        return f"step_{state.timestamp.batch}"
-
-    def wait(self):
-        self.waits += 1
-
-    def latest(self):
-        return f"step_{self.saved[-1].timestamp.batch}" if self.saved else None
-
-    def restore(self, like):
-        return tree_clone(self.saved[-1]) if self.saved else None
+def saved_steps(manager):
+    return [step for step, _ in manager.checkpoints()]
 
 
 class Recorder:
@@ -93,7 +81,7 @@ def test_event_values_are_the_method_names():
 def test_exact_call_counts_for_a_run():
     # 12 samples / batch 4 = 3 batches per epoch, 2 epochs = 6 batches; eval every 2 batches
     # (batches 2, 4, 6) over 2 eval batches; checkpoint every 3 batches (3 and 6).
-    recorder, manager = Recorder(), FakeManager(every=3)
+    recorder, manager = Recorder(), memory_manager(every=3)
     state = fit(
         fake_step,
         fake_state(),
@@ -125,7 +113,7 @@ def test_exact_call_counts_for_a_run():
         "predict_end": 1,
     }
     assert state.timestamp.batch == 6 and state.timestamp.epoch == 2
-    assert [s.timestamp.batch for s in manager.saved] == [3, 6]
+    assert saved_steps(manager) == [3, 6]
 
 
 def test_event_order_for_one_epoch():
@@ -137,7 +125,7 @@ def test_event_order_for_one_epoch():
         duration="1ep",
         eval_data=[(torch.ones(2, 1), torch.zeros(2))],
         callbacks=[recorder],
-        checkpoints=FakeManager(every=100),
+        checkpoints=memory_manager(every=100),
     )
     assert recorder.events == [
         "init", "fit_start", "epoch_start",
@@ -190,10 +178,10 @@ def test_context_carries_metrics_eval_results_and_checkpoint_path():
         eval_fn=lambda model, batch: (batch[0] * 3, batch[1]),  # a plain-function step: no model
         eval_metrics={"mean_output": MeanOutput()},
         callbacks=[Observer()],
-        checkpoints=FakeManager(every=1),
+        checkpoints=memory_manager(every=1),
     )
     assert seen["losses"] == [1.5, 5.5]  # means of [0,1,2,3] and [4,5,6,7] with shuffle=False
-    assert seen["paths"] == ["step_1", "step_2"]
+    assert [p.rsplit("/", 1)[1] for p in seen["paths"]] == ["step_000000001", "step_000000002"]
     assert seen["eval"] == {"mean_output": 3.0}
     assert seen["duration"] == "2ba" and seen["world"] == (0, 1)
 
@@ -207,7 +195,7 @@ def test_request_stop_ends_the_run_after_the_step_and_checkpoints():
         def fit_end(self, ctx):
             self.reason = ctx.stop_reason
 
-    stopper, manager = StopAtThree(), FakeManager(every=100)
+    stopper, manager = StopAtThree(), memory_manager(every=100)
     state = fit(
         fake_step,
         fake_state(),
@@ -217,7 +205,7 @@ def test_request_stop_ends_the_run_after_the_step_and_checkpoints():
         checkpoints=manager,
     )
     assert state.timestamp.batch == 3 and stopper.reason == "enough"
-    assert [s.timestamp.batch for s in manager.saved] == [3]
+    assert saved_steps(manager) == [3]
 
 
 def test_a_raising_callback_names_itself_and_the_event_and_keeps_checkpoints():
@@ -226,16 +214,15 @@ def test_a_raising_callback_names_itself_and_the_event_and_keeps_checkpoints():
             if ctx.timestamp.batch == 5:
                 raise KeyError("boom")
 
-    manager = FakeManager(every=2)
+    manager = memory_manager(every=2)
     with pytest.raises(CallbackError, match=r"'Broken' raised KeyError in batch_end\(\)") as info:
         fit(fake_step, fake_state(), Loader(dataset(40), 4), duration="2ep",
             callbacks=[Broken()], checkpoints=manager)  # fmt: skip
     assert info.value.event is Event.BATCH_END and isinstance(info.value.__cause__, KeyError)
     assert "epoch 0, batch 5" in str(info.value)
-    assert manager.waits == 1  # in-flight saves were awaited
-    assert [s.timestamp.batch for s in manager.saved] == [2, 4]  # untouched
+    assert saved_steps(manager) == [2, 4]  # committed (in-flight saves were awaited), intact
     four = fit(fake_step, fake_state(), Loader(dataset(40), 4), duration="4ba")
-    assert torch.equal(manager.saved[-1].params["w"], four.params["w"])
+    assert torch.equal(load(manager.latest())["params.w"], four.params["w"])
 
 
 def test_callback_state_is_checkpointed_and_restored():
@@ -254,12 +241,12 @@ def test_callback_state_is_checkpointed_and_restored():
         def load_state_dict(self, state):
             self.batches = int(state["batches"])
 
-    manager = FakeManager(every=2)
+    manager = memory_manager(every=2)
     first = Counter()
     fit(fake_step, fake_state(), Loader(dataset(40), 4), duration="5ba", callbacks=[first],
         checkpoints=manager)  # fmt: skip
-    saved = manager.saved[-1].extra["callbacks"]
-    assert {k: decode_state(v) for k, v in saved.items()} == {"counter": {"batches": 5}}
+    saved = load(manager.latest())
+    assert decode_state(saved["extra.callbacks.counter"]) == {"batches": 5}
     second = Counter()
     state = fit(fake_step, fake_state(), Loader(dataset(40), 4), duration="7ba",
                 callbacks=[second], checkpoints=manager, autoresume=True)  # fmt: skip

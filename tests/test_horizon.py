@@ -7,7 +7,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain import horizon
 from functrain.data import DataSource, Loader
 from functrain.horizon import (
     Every,
@@ -83,11 +82,22 @@ def test_none_never_fires_and_samples_wait_for_a_count():
     assert samples.at_batch_end(Timestamp(batch=2, sample=64))
 
 
-def test_seconds_intervals_follow_the_clock(monkeypatch):
-    ticks = iter([100.0 + 10.0 * batch for batch in range(11)])  # made at 100 s, then 10 s a batch
-    monkeypatch.setattr(horizon.wallclock, "monotonic", lambda: next(ticks))
+def test_seconds_intervals_follow_the_runs_clock():
+    # The run's own clock (elapsed_sec, agreed by all ranks), not this process's: 10 s a batch.
     due = Every(Time(30, TimeUnit.SECOND))
-    assert [b for b in range(1, 11) if due.at_batch_end(Timestamp(batch=b))] == [3, 6, 9]
+    due.start(100.0)
+    fired = [
+        b for b in range(1, 11) if due.at_batch_end(Timestamp(batch=b, elapsed_sec=100.0 + 10 * b))
+    ]
+    assert fired == [3, 6, 9]
+    # ...so two ranks whose processes were started apart fire on the same batches
+    other = Every(Time(30, TimeUnit.SECOND))
+    other.start(100.0)
+    assert [
+        b
+        for b in range(1, 11)
+        if other.at_batch_end(Timestamp(batch=b, elapsed_sec=100.0 + 10 * b))
+    ] == fired
 
 
 # -- data_batches_per_epoch ---------------------------------------------------------------------

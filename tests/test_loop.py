@@ -1,9 +1,12 @@
 """Tests of functrain.loop: fit (durations, continuation, resume, SIGTERM, logging, bad input);
-evaluate and predict are tested in test_evaluation.py. Checkpoint logic runs against an in-memory manager; the subprocess tests at the end
-kill real runs that save with functrain.checkpoint.Manager."""
+evaluate and predict are tested in test_evaluation.py. Checkpoints go through real
+`functrain.checkpoint.Manager`s (in memory, or in a tmp dir); the subprocess tests at the end kill
+real runs. Multi-state fit, preemption under the launcher and Ctrl-C: test_fit_multi.py and
+test_preemption.py."""
 
 import os
 import signal
+import uuid
 
 import pytest
 import torch
@@ -12,10 +15,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import functrain
+from functrain.checkpoint import Manager, load
 from functrain.data import Loader
 from functrain.events import CallbackError
 from functrain.loop import StepError, evaluate, fit
-from functrain.tree import tree_allclose, tree_clone
+from functrain.tree import tree_allclose
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -57,27 +61,14 @@ def fake_state():
     )
 
 
-class MemoryManager:
-    """An in-memory checkpoint manager (the real one is functrain.checkpoint.Manager)."""
+def memory_manager(every=None):
+    """A real checkpoint Manager on a fresh in-memory store, keeping every checkpoint."""
+    return Manager(f"memory://test_loop/{uuid.uuid4().hex}", every=every, keep_last=None)
 
-    def __init__(self, every=None):
-        self.every, self.saved = every, []
 
-    def should_save(self, ts):
-        return bool(self.every) and ts.batch > 0 and ts.batch % self.every == 0
-
-    def save(self, state):
-        self.saved.append(tree_clone(state))
-        return len(self.saved)
-
-    def wait(self):
-        pass
-
-    def latest(self):
-        return len(self.saved) or None
-
-    def restore(self, like):
-        return tree_clone(self.saved[-1]) if self.saved else None
+def saved_steps(manager):
+    """The steps of the committed checkpoints, oldest first."""
+    return [step for step, _ in manager.checkpoints()]
 
 
 class StopAt:
@@ -147,12 +138,12 @@ def test_mid_epoch_resume_is_bit_identical():
     data = regression_data()
     step, state = regression_run()
     full = fit(step, state, Loader(data, 8, seed=1), duration="2ep")
-    manager = MemoryManager()
+    manager = memory_manager()
     step, state = regression_run()
     stopped = fit(step, state, Loader(data, 8, seed=1), duration="2ep", callbacks=[StopAt(8)],
                   checkpoints=manager)  # fmt: skip
     assert stopped.timestamp.batch == 8 and stopped.timestamp.batch_in_epoch == 2
-    assert [s.timestamp.batch for s in manager.saved] == [8]
+    assert saved_steps(manager) == [8]
     step, state = regression_run(seed=5)  # different init: everything comes from the checkpoint
     resumed = fit(step, state, Loader(data, 8, seed=1), duration="2ep", checkpoints=manager,
                   autoresume=True)  # fmt: skip
@@ -180,7 +171,7 @@ def test_replay_fallback_resume_matches_for_plain_iterables():
     batches = [data[i : i + 6] for i in range(0, 24, 6)]  # a plain list: resumes by replay
     step, state = regression_run()
     full = fit(step, state, batches, duration="2ep")
-    manager = MemoryManager()
+    manager = memory_manager()
     step, state = regression_run()
     fit(step, state, batches, duration="2ep", callbacks=[StopAt(6)], checkpoints=manager)
     step, state = regression_run()
@@ -199,11 +190,14 @@ def test_sigterm_checkpoints_at_the_step_boundary_and_returns():
             self.reason = ctx.stop_reason
 
     previous = signal.getsignal(signal.SIGTERM)
-    manager, preempt = MemoryManager(), Preempt()
-    state = fit(count_step, fake_state(), Loader(TensorDataset(torch.ones(40, 1)), 8),
-                duration="3ep", callbacks=[preempt], checkpoints=manager)  # fmt: skip
-    assert state.timestamp.batch == 3 and "SIGTERM" in preempt.reason
-    assert [s.timestamp.batch for s in manager.saved] == [3]
+    manager, preempt = memory_manager(), Preempt()
+    result = fit(count_step, fake_state(), Loader(TensorDataset(torch.ones(40, 1)), 8),
+                 duration="3ep", callbacks=[preempt], checkpoints=manager,
+                 return_result=True)  # fmt: skip
+    assert result.state.timestamp.batch == 3 and "SIGTERM" in preempt.reason
+    assert saved_steps(manager) == [3]
+    assert result.preempted and result.signal == "SIGTERM" and result.exit_code == 75
+    assert not result.finished and result.checkpoint == manager.latest()
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
@@ -347,10 +341,12 @@ def test_wrong_arguments_are_explained():
         fit(count_step, fake_state(), loader, duration="1ep", autoresume=True)
     with pytest.raises(TypeError, match="no log_metrics"):
         fit(count_step, fake_state(), loader, duration="1ep", loggers=[object()])
-    with pytest.raises(TypeError, match="lacks"):
+    with pytest.raises(TypeError, match="takes a functrain.checkpoint.Manager or a directory"):
         fit(count_step, fake_state(), loader, duration="1ep", checkpoints=object())
-    with pytest.raises(TypeError, match="needs a TrainState"):
-        fit(count_step, {"w": 1}, loader, duration="1ep")
+    with pytest.raises(TypeError, match="returned a dict for a TrainState"):
+        fit(lambda state, batch: ({"w": 1}, {}), fake_state(), loader, duration="1ep")
+    with pytest.raises(TypeError, match="metrics a dict"):
+        fit(lambda state, batch: (state, 1.0), fake_state(), loader, duration="1ep")
     with pytest.raises(TypeError, match="a step must be callable"):
         fit("step", fake_state(), loader, duration="1ep")
 
@@ -362,15 +358,16 @@ def test_a_failing_callback_leaves_earlier_checkpoints_intact():
                 raise RuntimeError("disk full")
 
     data = regression_data()
-    manager = MemoryManager(every=2)
+    manager = memory_manager(every="2ba")
     step, state = regression_run()
     with pytest.raises(CallbackError, match="FailAt5"):
         fit(step, state, Loader(data, 8), duration="2ep", callbacks=[FailAt5()],
             checkpoints=manager)  # fmt: skip
+    assert saved_steps(manager) == [2, 4]  # committed: fit waited for the save in flight
     step, state = regression_run()
     four = fit(step, state, Loader(data, 8), duration="4ba")
-    assert [s.timestamp.batch for s in manager.saved] == [2, 4]
-    assert tree_allclose(manager.saved[-1].params, four.params)
+    saved = load(manager.latest())
+    assert all(torch.equal(saved[f"params.{k}"], v) for k, v in four.params.items())
 
 
 # -- several processes --------------------------------------------------------------------------

@@ -1,18 +1,28 @@
-"""`ProgressBar`: a tqdm bar for training and one for evaluation.
+"""`ProgressBar`: the run's progress -- a bar in a terminal, a periodic line anywhere else.
 
-The training bar counts batches towards the run's horizon and shows tqdm's own rate and ETA, plus
-the loss, throughput and latest evaluation results from the loop's logging steps. It moves on every
-batch without reading any device value: numbers change only when the loop logs. The evaluation bar
-appears under it while an evaluation runs. Both are off when the stream is not a terminal (logs of
-batch jobs stay clean) unless `enabled=True`.
+`fit` adds one by default (`progress=True`), so a run is never silent. In a terminal it draws a
+tqdm bar counting batches towards the run's horizon, with tqdm's rate and ETA, the loss and
+throughput of the loop's logging steps and the latest evaluation results, and an evaluation bar
+under it while an evaluation runs. Elsewhere (a batch job's log file, a pipe, the ranks under
+`python -m functrain.launch`, whose output the launcher copies line by line) a bar's carriage
+returns would never reach the log, so it prints whole lines instead: one at most every
+`line_every_sec` seconds, one at each epoch end (when the epoch took a second or more), and one
+when the run ends. It never reads a device value:
+numbers change only when the loop logs. It writes on rank 0 only.
+
+It also prints the loop's status lines (`say`): where a run resumed, that a run had already
+finished, that a run was stopped (and where its checkpoint is).
 
 Example:
     >>> functrain.fit(step, state, loader, duration="3ep", loggers=[ProgressBar()])  # doctest: +SKIP
+    train: epoch 1/3  batch 150/450 (33%)  loss 0.4321  eval_accuracy 0.97  38.2 ba/s  eta 0:00:07
 """
 
 from __future__ import annotations
 
+import datetime
 import sys
+import time as wallclock
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -25,21 +35,24 @@ from .console import format_value
 DEFAULT_SHOWN = {
     "train/loss": "loss",  # as fit logs the step's metrics
     "loss": "loss",
+    "train/accuracy": "acc",
     "throughput/samples_per_sec": "sp/s",
     "throughput/tokens_per_sec": "tok/s",
 }
 
 
 class ProgressBar(Logger):
-    """Progress bars for training and evaluation.
+    """Progress of training and evaluation: a bar in a terminal, lines elsewhere.
 
     Args:
         show: metric keys to show next to the bar (a sequence, or a `{key: label}` dict);
             evaluation metrics of `ctx.eval_metrics` are shown too.
-        enabled: True forces the bars on, False off; None (default) shows them only when
-            `stream` is a terminal.
-        stream: where to draw (default: `sys.stderr`, as tqdm does).
+        enabled: False turns it off; True draws a bar even when `stream` is not a terminal;
+            None (default): a bar in a terminal, periodic lines elsewhere.
+        stream: where to write (default: `sys.stderr`, as tqdm does).
         digits: significant digits of the numbers shown.
+        line_every_sec: without a terminal, the most seconds between two lines (besides the
+            line at each epoch end and at the end of the run).
     """
 
     def __init__(
@@ -49,6 +62,7 @@ class ProgressBar(Logger):
         enabled: bool | None = None,
         stream: TextIO | None = None,
         digits: int = 4,
+        line_every_sec: float = 30.0,
     ):
         super().__init__(all_ranks=False)
         if show is None:
@@ -57,22 +71,52 @@ class ProgressBar(Logger):
         self.enabled = enabled
         self.stream = stream
         self.digits = digits
+        self.line_every_sec = float(line_every_sec)
         self.train_bar: tqdm | None = None
         self.eval_bar: tqdm | None = None
         self._postfix: dict[str, str] = {}
+        self._lines = False  # printing lines (no terminal) for the current run
+        self._start: tuple[float, int] | None = None  # (clock, batch) when the run started
+        self._last_line = 0.0
+        self._last_batch = -1  # the batch of the last line printed
+        self._epochs = ""  # "/3" when the duration is in epochs
 
-    def _on(self, ctx: Any) -> bool:
-        if not self.observe(ctx):
-            return False
-        if self.enabled is not None:
-            return self.enabled
-        stream = self.stream or sys.stderr
-        return bool(getattr(stream, "isatty", lambda: False)())
+    # -- where and how ---------------------------------------------------------------------------
+
+    def _out(self) -> TextIO:
+        return self.stream or sys.stderr
+
+    def _mode(self, ctx: Any) -> str:
+        """ "bar", "lines" or "off" for this run on this rank."""
+        if not self.observe(ctx) or self.enabled is False:
+            return "off"
+        if self.enabled:
+            return "bar"
+        return "bar" if bool(getattr(self._out(), "isatty", lambda: False)()) else "lines"
+
+    def say(self, text: str) -> None:
+        """Print one status line (rank 0 only), above a running bar.
+
+        Args:
+            text: the line, without a trailing newline.
+        """
+        if self.active and self.enabled is not False:
+            tqdm.write(f"functrain: {text}", file=self._out())
+            self._out().flush()
+
+    # -- training ---------------------------------------------------------------------------
 
     def fit_start(self, ctx: Any) -> None:
-        if not self._on(ctx) or self.train_bar is not None:
-            return
+        mode = self._mode(ctx)
         ts = ctx.timestamp
+        self._start, self._last_line = (wallclock.monotonic(), ts.batch), wallclock.monotonic()
+        self._last_batch = -1
+        duration = getattr(ctx, "duration", None)
+        unit = getattr(getattr(duration, "unit", None), "value", None)
+        self._epochs = f"/{format_value(float(duration.value))}" if unit == "ep" else ""
+        self._lines = mode == "lines"
+        if mode != "bar" or self.train_bar is not None:
+            return
         self.train_bar = tqdm(
             total=ts.max_batches or None,
             initial=ts.batch,
@@ -92,6 +136,36 @@ class ProgressBar(Logger):
         if self.train_bar is not None:
             # Follow the timestamp (host ints) rather than counting calls: exact after a resume.
             self.train_bar.update(ctx.timestamp.batch - self.train_bar.n)
+        elif self._lines and wallclock.monotonic() - self._last_line >= self.line_every_sec:
+            self._line(ctx.timestamp)
+
+    def epoch_end(self, ctx: Any) -> None:
+        # A line per epoch, unless epochs take under a second (then the timed lines suffice).
+        if self._lines and wallclock.monotonic() - self._last_line >= 1.0:
+            self._line(ctx.timestamp)
+
+    def _line(self, ts: Any, final: bool = False) -> None:
+        """One progress line: position, the numbers last logged, the rate and the ETA."""
+        now = wallclock.monotonic()
+        self._last_line, self._last_batch = now, ts.batch
+        if ts.max_batches:
+            where = f"batch {ts.batch}/{ts.max_batches} ({100 * ts.batch / ts.max_batches:.0f}%)"
+        else:
+            where = f"batch {ts.batch}"
+        parts = [f"epoch {ts.epoch}{self._epochs}", where]
+        parts += [f"{label} {value}" for label, value in self._postfix.items()]
+        start_clock, start_batch = self._start or (now, ts.batch)
+        done = ts.batch - start_batch
+        if done > 0 and now > start_clock:
+            rate = done / (now - start_clock)
+            parts.append(f"{rate:.3g} ba/s")
+            if ts.max_batches and ts.batch < ts.max_batches and not final:
+                eta = datetime.timedelta(seconds=round((ts.max_batches - ts.batch) / rate))
+                parts.append(f"eta {eta}")
+        tqdm.write(("train (end): " if final else "train: ") + "  ".join(parts), file=self._out())
+        self._out().flush()
+
+    # -- evaluation -------------------------------------------------------------------------
 
     def eval_start(self, ctx: Any) -> None:
         if self.train_bar is None or self.eval_bar is not None:
@@ -126,6 +200,11 @@ class ProgressBar(Logger):
             self.train_bar.set_postfix(self._postfix, refresh=False)
 
     def fit_end(self, ctx: Any) -> None:
+        ts = ctx.timestamp
+        trained = ts is not None and self._start is not None and ts.batch > self._start[1]
+        if self._lines and trained and ts.batch != self._last_batch:
+            self._line(ts, final=True)
+        self._lines = False
         self.close()
 
     def close(self) -> None:
