@@ -541,8 +541,15 @@ class _FitRun:
 
     def _resume(self) -> tuple[str | None, Timestamp] | None:
         """Restore the newest checkpoint; `(path or None for init_from, its timestamp)`."""
+        # A donated state is fit's to overwrite: loading into its tensors keeps them the model's
+        # own (channels-last strides and all), exactly as in the run that was interrupted.
         found = restore_latest(
-            self.checkpoints, self.state, self.names, self.callbacks, self.source
+            self.checkpoints,
+            self.state,
+            self.names,
+            self.callbacks,
+            self.source,
+            inplace=self.options.donate,
         )
         if found is None:
             return None

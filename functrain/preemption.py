@@ -234,6 +234,8 @@ def restore_latest(
     names: Sequence[str],
     callbacks: Sequence[Any],
     source: DataSource,
+    *,
+    inplace: bool = False,
 ) -> tuple[Any, str | None] | None:
     """Restore the newest checkpoint of `manager` into the run: the state, the callbacks' state
     (`load_state_dict`) and the data position.
@@ -243,6 +245,8 @@ def restore_latest(
         like: the structure to restore into, with everything the step keeps in the state
             (`step.init_state` already applied).
         names, callbacks, source: as in `with_loop_extra`.
+        inplace: copy the checkpoint into `like`'s tensors (a donated state: they keep their
+            storage, memory format and placement, and stay the model's own parameters).
     Returns:
         `(restored state, path)` -- path None when the state came from the manager's
         `init_from` (a fresh run starting from another run's weights) -- or None when there is
@@ -254,7 +258,7 @@ def restore_latest(
     # The loop's own entries are read apart: the set of callbacks may differ on resume.
     ignore = (f"extra.{CALLBACKS_KEY}", f"extra.{DATA_KEY}")
     try:
-        restored = manager.restore(like=like, ignore=ignore)
+        restored = manager.restore(like=like, ignore=ignore, inplace=inplace)
     except CheckpointMismatchError as error:
         raise CheckpointMismatchError(_mismatch_help(path, error)) from error
     if restored is None:

@@ -1,0 +1,138 @@
+"""Auto-resume through `fit` with what a step keeps in the state: EMA, SWA, a recipe, fp16 loss
+scaling. A run crashes after some checkpoints (or is SIGKILLed), a fresh `fit` with a real
+`Manager` resumes it, and the result equals the uninterrupted run bit for bit. Also: the error
+when a checkpoint does not fit the step, and a finished run extended with a longer duration."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import functrain
+from functrain import datasets
+from functrain.algorithms import apply_surgery, ema, swa
+from functrain.checkpoint import CheckpointMismatchError, Manager
+from functrain.data import Loader
+from functrain.tree import leaves_with_paths
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(16, 10),
+    )  # fmt: skip
+
+
+def ce_loss(model, batch):
+    images, labels = batch
+    return F.cross_entropy(model(images), labels)
+
+
+def algorithms_for(variant: str) -> list:
+    if variant == "ema":
+        return [ema(half_life="3ba")]
+    if variant == "swa":
+        return [swa(swa_start="0.25dur", swa_end="0.9dur", update_interval="2ba")]
+    if variant == "mild":
+        return functrain.recipes.mild()
+    return []
+
+
+def build(variant: str, seed: int = 0):
+    """(step, state, loader) of a small digits run with the variant's algorithms."""
+    torch.manual_seed(seed)
+    algorithms = algorithms_for(variant)
+    model = apply_surgery(small_cnn(), algorithms)
+    opt = functrain.optim.adamw(lr=3e-3)
+    precision = "amp_fp16" if variant == "amp_fp16" else "fp32"
+    step = functrain.compose(
+        functrain.make_step(model, ce_loss, opt, precision=precision), *algorithms
+    )
+    split = datasets.digits(seed=0)
+    train = torch.utils.data.Subset(split.train, range(128))
+    return step, functrain.init(model, opt, seed=seed), Loader(train, 16, seed=3)
+
+
+class CrashAt:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def batch_end(self, ctx):
+        if ctx.timestamp.batch == self.batch:
+            raise RuntimeError("simulated crash")
+
+
+def tensors(state) -> dict:
+    return {p: v for p, v in leaves_with_paths(state) if isinstance(v, torch.Tensor)}
+
+
+def assert_bit_identical(a, b):
+    ta, tb = tensors(a), tensors(b)
+    assert sorted(ta) == sorted(tb)
+    for key in ta:
+        assert torch.equal(ta[key], tb[key]), key
+
+
+DURATION = "3ep"  # 8 batches per epoch: 24 batches
+
+
+@pytest.mark.parametrize("variant", ["ema", "swa", "mild", "amp_fp16"])
+def test_autoresume_keeps_what_the_step_keeps_in_the_state(tmp_path, variant):
+    step, state, loader = build(variant)
+    reference = functrain.fit(step, state, loader, duration=DURATION, progress=False)
+    assert reference.algo_state  # the variant really keeps something there
+    step, state, loader = build(variant)
+    with Manager(tmp_path, every="5ba", keep_last=2) as manager:
+        with pytest.raises(functrain.CallbackError, match="simulated crash"):
+            functrain.fit(step, state, loader, duration=DURATION, checkpoints=manager,
+                          callbacks=[CrashAt(13)], progress=False)  # fmt: skip
+        assert manager.checkpoints()[-1][0] == 10
+    step, state, loader = build(variant, seed=7)  # another init: all of it comes from the save
+    with Manager(tmp_path, every="5ba", keep_last=2) as manager:
+        resumed = functrain.fit(step, state, loader, duration=DURATION, checkpoints=manager,
+                                autoresume=True, return_result=True, progress=False)  # fmt: skip
+    assert resumed.resumed_from.endswith("step_000000010") and resumed.finished
+    assert_bit_identical(reference, resumed.state)
+
+
+def test_a_checkpoint_of_another_step_gets_advice_fit_can_follow(tmp_path):
+    step, state, loader = build("ema")
+    with Manager(tmp_path, every="5ba") as manager:
+        functrain.fit(step, state, loader, duration="5ba", checkpoints=manager, progress=False)
+    step, state, loader = build("none")  # the same model, without the EMA it was saved with
+    with Manager(tmp_path, every="5ba") as manager:
+        with pytest.raises(CheckpointMismatchError) as info:
+            functrain.fit(step, state, loader, duration="10ba", checkpoints=manager,
+                          autoresume=True, progress=False)  # fmt: skip
+    message = str(info.value)
+    assert "algo_state.ema" in message and "init_from=" in message
+    assert "strict=" not in message and "like=" not in message  # options fit does not take
+
+
+def test_a_finished_run_extended_follows_the_new_duration(capfd):
+    # Composer's rule: schedules are functions of the (new) duration. A run of 10 batches with
+    # a linear decay to 0 over "1dur", extended to 20: at batch 10 the lr is that of 10/20.
+    def run(duration, state=None):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        opt = functrain.optim.sgd(lr=0.1 * functrain.schedules.linear(alpha_f=0.0, t_max="1dur"))
+        step = functrain.make_step(model, lambda m, b: F.mse_loss(m(b[0]), b[1]), opt)
+        state = state or functrain.init(model, opt)
+        lrs = []
+
+        class Lr:
+            def batch_end(self, ctx):
+                lrs.append(ctx.metrics["lr"])
+
+        data = torch.utils.data.TensorDataset(torch.randn(20, 3), torch.randn(20, 1))
+        state = functrain.fit(step, state, Loader(data, 2, seed=0), duration=duration,
+                              callbacks=[Lr()])  # fmt: skip
+        return state, lrs
+
+    state, first = run("10ba")
+    _, second = run("20ba", state)
+    assert first[-1] == pytest.approx(0.1 * (1 - 9 / 10))
+    assert second[0] == pytest.approx(0.1 * (1 - 10 / 20))  # the lr jumps back up, as Composer's
+    err = capfd.readouterr().err
+    assert "length changed from 10 to 20 batches" in err and "follow the new length" in err
