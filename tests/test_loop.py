@@ -512,3 +512,139 @@ def test_sigterm_and_sigkill_at_random_points_resume_bit_identically(tmp_path):
     final = load_file(str(tmp_path / "params.done"))
     for name, value in reference.params.items():
         assert torch.equal(final[name], value), name
+
+
+# -- train metrics, evaluation options, run directory ----------------------------------------
+
+
+def classification(n=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())
+
+
+class CountingLinear(nn.Linear):
+    calls = 0
+
+    def forward(self, x):
+        CountingLinear.calls += 1
+        return super().forward(x)
+
+
+def test_train_metrics_come_from_the_steps_outputs_over_each_log_window():
+    class Keep:  # what the step saw: its outputs and the batch's targets, per batch
+        def __init__(self):
+            self.seen, self.logged = [], {}
+
+        def batch_end(self, ctx):
+            self.seen.append((ctx.metrics["outputs"], ctx.batch[1]))
+
+        def log_metrics(self, metrics, step):
+            if "train/accuracy" in metrics:
+                self.logged[step] = metrics["train/accuracy"]
+
+    def loss_fn(model, batch):
+        x, y = batch
+        logits = model(x)
+        return F.cross_entropy(logits, y), {"outputs": logits}
+
+    torch.manual_seed(0)
+    model = CountingLinear(4, 3)
+    opt = functrain.optim.sgd(lr=0.5)
+    step, state = functrain.make_step(model, loss_fn, opt), functrain.init(model, opt)
+    keep = Keep()
+    CountingLinear.calls = 0
+    fit(step, state, Loader(classification(), 4, seed=0), duration="6ba", log_interval="3ba",
+        train_metrics=["accuracy"], loggers=[keep], progress=False)  # fmt: skip
+    assert CountingLinear.calls == 6  # one forward per batch: no extra pass for the metrics
+    for end in (3, 6):  # each logged value covers the batches since the previous log
+        window = keep.seen[end - 3 : end]
+        correct = sum(int((o.argmax(-1) == y).sum()) for o, y in window)
+        assert keep.logged[end] == pytest.approx(correct / sum(len(y) for _, y in window))
+    assert sorted(keep.logged) == [3, 6]
+    plain = functrain.make_step(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), opt)
+    with pytest.raises(ValueError, match=r"return loss, \{'outputs': logits\}"):
+        fit(plain, functrain.init(model, opt), Loader(classification(), 4), duration="1ba",
+            train_metrics=["accuracy"], progress=False)  # fmt: skip
+
+
+def test_fits_input_and_target_keys_match_evaluates():
+    def loss_fn(model, batch):
+        return F.cross_entropy(model(batch["x"]), batch["y"])
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = functrain.optim.sgd(lr=0.1)
+    step, state = functrain.make_step(model, loss_fn, opt), functrain.init(model, opt)
+    x, y = classification().tensors
+    batches = [{"x": x[i : i + 8], "y": y[i : i + 8]} for i in range(0, 32, 8)]
+    got = []
+
+    class Grab:
+        def eval_end(self, ctx):
+            got.append(ctx.eval_metrics["accuracy"])
+
+    state = fit(step, state, batches, duration="1ep", eval_data=batches, eval_metrics=["accuracy"],
+                input_key="x", target_key="y", callbacks=[Grab()], progress=False)  # fmt: skip
+    logits = x @ state.params["weight"].T + state.params["bias"]
+    assert got == [pytest.approx(float((logits.argmax(-1) == y).float().mean()))]
+
+
+def test_an_evaluation_set_without_batches_is_an_error_not_nan():
+    class Nothing:  # no length: found empty when evaluated
+        def __iter__(self):
+            return iter(())
+
+    loader = Loader(TensorDataset(torch.ones(8, 1)), 4)
+    with pytest.raises(ValueError, match=r"eval_data yields no batch.*NaN"):
+        fit(count_step, fake_state(), loader, duration="2ba", eval_data=[], progress=False)
+    with pytest.raises(ValueError, match=r"eval_data\['val'\] yields no batch"):
+        fit(count_step, fake_state(), loader, duration="2ba", eval_data={"val": Nothing()},
+            eval_fn=lambda m, b: (b, b), progress=False)  # fmt: skip
+
+
+def test_run_dir_gets_metrics_jsonl_that_plot_draws(tmp_path):
+    from functrain.loggers import read_metrics
+    from functrain.plot import plot_run
+
+    step, state = regression_run()
+    data = regression_data()
+    fit(step, state, Loader(data, 8), duration="2ep", eval_data=Loader(data, 48),
+        log_interval="2ba", run_dir=tmp_path, progress=False)  # fmt: skip
+    series = read_metrics(tmp_path / "metrics.jsonl")
+    assert [s for s, _ in series["train/loss"]] == [2, 4, 6, 8, 10, 12]
+    assert [s for s, _ in series["eval/loss"]] == [6, 12]
+    assert plot_run(tmp_path).exists()
+
+
+# -- the one copy of the state, and what fit says ---------------------------------------------
+
+
+def test_ctx_state_is_the_loops_one_copy_and_read_only():
+    class Check:
+        def batch_end(self, ctx):
+            with pytest.raises(AttributeError, match="cannot be replaced"):
+                ctx.state = fake_state()
+            self.last = ctx.state
+
+        def fit_end(self, ctx):
+            self.end = ctx.state
+
+    check = Check()
+    state = fit(count_step, fake_state(), Loader(TensorDataset(torch.ones(8, 1)), 4),
+                duration="2ba", callbacks=[check], progress=False)  # fmt: skip
+    assert check.end is state and check.last.timestamp.batch == 2
+
+
+def test_fit_says_where_it_resumed_and_that_a_run_had_finished(capfd):
+    manager = memory_manager(every="2ba")
+    data = Loader(TensorDataset(torch.ones(16, 1)), 4)
+    fit(count_step, fake_state(), data, duration="3ba", checkpoints=manager)
+    assert "stopped" not in capfd.readouterr().err  # finished: no "stopped" line
+    fit(count_step, fake_state(), data, duration="3ba", checkpoints=manager, autoresume=True)
+    err = capfd.readouterr().err
+    assert f"resumed from {manager.latest()} at step 3 (epoch 0, batch 3)" in err
+    assert "run already finished at step 3" in err
+    fit(count_step, fake_state(), data, duration="3ba", checkpoints=manager, autoresume=True,
+        progress=False)  # fmt: skip
+    assert capfd.readouterr().err == ""
