@@ -595,9 +595,17 @@ def test_an_evaluation_set_without_batches_is_an_error_not_nan():
         def __iter__(self):
             return iter(())
 
+    class Count:
+        batches = 0
+
+        def batch_end(self, ctx):
+            Count.batches += 1
+
     loader = Loader(TensorDataset(torch.ones(8, 1)), 4)
     with pytest.raises(ValueError, match=r"eval_data yields no batch.*NaN"):
-        fit(count_step, fake_state(), loader, duration="2ba", eval_data=[], progress=False)
+        fit(count_step, fake_state(), loader, duration="2ba", eval_data=[], callbacks=[Count()],
+            progress=False)  # fmt: skip
+    assert Count.batches == 0  # a set with a length of 0 fails before training
     with pytest.raises(ValueError, match=r"eval_data\['val'\] yields no batch"):
         fit(count_step, fake_state(), loader, duration="2ba", eval_data={"val": Nothing()},
             eval_fn=lambda m, b: (b, b), progress=False)  # fmt: skip
