@@ -27,11 +27,12 @@ from typing import Any
 
 import optree
 
+from .batching import num_samples
 from .state import TrainState
 from .time import Timestamp
 from .tree import NAMESPACE, fast_replace, register_dataclass
 
-__all__ = ["FitState", "map_train_states"]
+__all__ = ["FitState", "advance", "map_train_states", "share_horizon"]
 
 
 @register_dataclass
@@ -79,3 +80,40 @@ def map_train_states(fn: Callable[[TrainState], TrainState], tree: Any) -> Any:
     return optree.tree_map(
         visit, tree, is_leaf=lambda x: isinstance(x, TrainState), namespace=NAMESPACE
     )
+
+
+def advance(run: FitState, states: Any, metrics: Any, batch: Any, world_size: int) -> FitState:
+    """`run` after its step made `states` from one batch: the position one batch further.
+
+    Args:
+        run: the `FitState` before the step.
+        states: the pytree the step returned.
+        metrics: the step's metrics; `metrics["samples"]` (an int, the global count as `Step`
+            reports it) and `metrics["tokens"]` are used when present.
+        batch: this rank's batch (its leading dimension times `world_size` counts the samples
+            otherwise).
+        world_size: the number of data-parallel ranks.
+    Returns:
+        the new `FitState`.
+    Example:
+        >>> advance(FitState({}), {}, {"loss": 0.1}, torch.zeros(8, 3), 2).timestamp.sample
+        16
+    """
+    samples = metrics.get("samples")
+    if not isinstance(samples, int) or isinstance(samples, bool):
+        samples = num_samples(batch) * world_size
+    tokens = metrics.get("tokens", 0)
+    tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
+    return run.replace(states=states, timestamp=run.timestamp.advance_batch(samples, tokens))
+
+
+def share_horizon(run: FitState) -> FitState:
+    """`run` with its horizon (`batches_per_epoch`, `max_batches`) in every inner `TrainState`,
+    whose schedules read it to resolve "ep" and "dur" units."""
+    ts = run.timestamp
+
+    def with_horizon(inner: TrainState) -> TrainState:
+        horizon = {"batches_per_epoch": ts.batches_per_epoch, "max_batches": ts.max_batches}
+        return inner.replace(timestamp=inner.timestamp.replace(**horizon))
+
+    return run.replace(states=map_train_states(with_horizon, run.states))

@@ -63,6 +63,10 @@ def test_gan_under_fsdp_on_two_ranks_equals_one_process(tmp_path):
     out = launch("gan_digits", [*args, "--plan", "fsdp", "--run-dir", str(run_dir)])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "after 30 iterations" in out.stdout
+    # progress by default, on rank 0 only, as whole lines through the launcher's rank prefixes
+    output = out.stdout + out.stderr
+    assert "[rank0]: train (end): epoch 1  batch 30/30 (100%)" in output
+    assert "[rank1]: train" not in output
     saved = load(latest(run_dir / "checkpoints"))
     saved = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
     # reduction order differs between 1 and 2 ranks: equal up to float rounding
