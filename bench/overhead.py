@@ -270,6 +270,7 @@ def _functrain(spec, data, device, now, *, compiled: bool, use_fit: bool) -> com
                 eval_interval=None,
                 log_interval=None,
                 callbacks=[tick],
+                progress=False,  # the peers run with their progress bars off too
             )
             return tick.stamps
 
