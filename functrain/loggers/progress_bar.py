@@ -26,9 +26,10 @@ import time as wallclock
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+import torch
 from tqdm import tqdm
 
-from .base import Logger
+from .base import Logger, process_rank
 from .console import format_value
 
 # Metric key -> the short label shown in the bar.
@@ -82,6 +83,13 @@ class ProgressBar(Logger):
         self._epochs = ""  # "/3" when the duration is in epochs
 
     # -- where and how ---------------------------------------------------------------------------
+
+    def observe(self, ctx: Any) -> bool:
+        super().observe(ctx)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # The global rank: under tensor parallelism several processes share dp rank 0.
+            self._rank = process_rank()
+        return self.active
 
     def _out(self) -> TextIO:
         return self.stream or sys.stderr
