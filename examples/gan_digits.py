@@ -9,7 +9,7 @@ position beside the two states (a `functrain.FitState`). The discriminator's wei
 generator's loss *in the batch*, so each inner step stays a pure function of its inputs.
 
 Run:
-    python examples/gan_digits.py                          # 2000 iterations, a few seconds
+    python examples/gan_digits.py                          # 2000 iterations, about 10 seconds
     python examples/gan_digits.py --run-dir runs/gan       # checkpoints; a rerun resumes
     python -m functrain.launch -n 2 examples/gan_digits.py --plan fsdp --run-dir runs/gan
 """
