@@ -14,11 +14,13 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .module_surgery import check_module, reclass, replace_modules
+from .module_surgery import check_module, reclass, reject_optimizers, replace_modules
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -66,18 +68,20 @@ class LPGroupNorm(nn.GroupNorm):
             )
 
 
-def apply_low_precision_layernorm(model: nn.Module) -> nn.Module:
+def apply_low_precision_layernorm(model: nn.Module, optimizers: Any = None) -> nn.Module:
     """A copy of `model` with every `nn.LayerNorm` replaced by `LPLayerNorm` (same weights)."""
     check_module(model, "apply_low_precision_layernorm")
+    reject_optimizers("apply_low_precision_layernorm", optimizers)
     return replace_modules(
         model,
         lambda name, m: reclass(m, LPLayerNorm) if type(m) is nn.LayerNorm else None,
     )
 
 
-def apply_low_precision_groupnorm(model: nn.Module) -> nn.Module:
+def apply_low_precision_groupnorm(model: nn.Module, optimizers: Any = None) -> nn.Module:
     """A copy of `model` with every `nn.GroupNorm` replaced by `LPGroupNorm` (same weights)."""
     check_module(model, "apply_low_precision_groupnorm")
+    reject_optimizers("apply_low_precision_groupnorm", optimizers)
     return replace_modules(
         model,
         lambda name, m: reclass(m, LPGroupNorm) if type(m) is nn.GroupNorm else None,
