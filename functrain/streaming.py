@@ -12,13 +12,14 @@ process and under `python -m functrain.launch -n N`. What resumes exactly, and w
 elasticity rules allow across rank counts, is measured in docs/streaming.md.
 
 Streaming is an optional extra; it installs without its pinned dependencies (it caps numpy below
-2.2 and transformers below 5, which functrain's other extras need):
+2.2 and transformers below 5, which functrain's other extras need, and requires torchvision, whose
+PyPI builds break a CPU torch; see `import_streaming`):
 
     pip install -e ".[streaming]" && pip install --no-deps "mosaicml-streaming==0.13.0"
 
 Example:
-    >>> from streaming import StreamingDataset
-    >>> dataset = StreamingDataset(remote="s3://bucket/digits", local="/tmp/cache",
+    >>> streaming = import_streaming()
+    >>> dataset = streaming.StreamingDataset(remote="s3://bucket/digits", local="/tmp/cache",
     ...                            batch_size=32, shuffle=True, shuffle_seed=0)  # per-rank batch
     >>> data = StreamingData(dataset, columns=("x", "y"))   # batches are (x, y) tuples
     >>> state = functrain.fit(step, state, data, duration="2ep", checkpoints=manager,
@@ -27,6 +28,8 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -54,20 +57,28 @@ _TORCHVISION_SCHEMAS: list[Any] = []
 
 
 def import_streaming() -> Any:
-    """Import the `streaming` package (MosaicML Streaming), or raise an ImportError naming the
-    install command.
+    """Import MosaicML Streaming, or raise an ImportError naming the install command.
 
-    `import streaming` imports torchvision. PyPI's torchvision wheels are CUDA builds whose C++
-    ops do not load beside a CPU torch ("operator torchvision::nms does not exist"); then the two
-    op schemas torchvision registers kernels for (`nms`, `qnms`) are defined first, and the import
-    retried. Streaming never calls them.
+    `import streaming` runs its package `__init__`, which imports its vision datasets and so
+    torchvision. functrain does not install torchvision: PyPI's wheels are CUDA builds whose C++
+    ops do not load beside a CPU torch ("operator torchvision::nms does not exist"), and once
+    installed they also break `import transformers`. Without torchvision, the package is set up
+    from `streaming.base` (everything `fit` needs: `StreamingDataset`, `Stream`, `MDSWriter`,
+    the other writers, `StreamingDataLoader`), leaving out `streaming.vision`'s dataset classes.
+    With torchvision installed the package imports whole (the two op schemas torchvision
+    registers kernels for, `nms` and `qnms`, are defined first when its ops fail to load).
+
+    Call it (or import `functrain.streaming` and call it) before `import streaming`.
 
     Returns:
         the `streaming` module.
     """
     try:
-        _import_torchvision()
-        import streaming
+        if "streaming" in sys.modules or importlib.util.find_spec("torchvision") is not None:
+            _import_torchvision()
+            import streaming
+        else:
+            streaming = _import_streaming_base()
     except ImportError as error:
         raise ImportError(
             f"functrain.streaming needs MosaicML Streaming ({error}); install it with:\n"
@@ -77,6 +88,9 @@ def import_streaming() -> Any:
 
 
 def _import_torchvision() -> None:
+    """Import torchvision if installed, defining its missing op schemas when its ops fail."""
+    if importlib.util.find_spec("torchvision") is None:
+        return
     try:
         import torchvision  # noqa: F401
     except RuntimeError as error:
@@ -89,6 +103,25 @@ def _import_torchvision() -> None:
             library.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         _TORCHVISION_SCHEMAS.append(library)
         import torchvision  # noqa: F401
+
+
+def _import_streaming_base() -> Any:
+    """The `streaming` package with `streaming.base`'s names, its `__init__` not run."""
+    spec = importlib.util.find_spec("streaming")
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError("No module named 'streaming'")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["streaming"] = package  # what `import streaming.base` needs as its parent
+    try:
+        base = importlib.import_module("streaming.base")
+        package.__version__ = importlib.import_module("streaming._version").__version__
+    except BaseException:
+        sys.modules.pop("streaming", None)
+        raise
+    for name in base.__all__:
+        setattr(package, name, getattr(base, name))
+    package.base = base
+    return package
 
 
 def collate_samples(samples: list[dict[str, Any]], columns: Sequence[str] | None = None) -> Any:
