@@ -64,6 +64,19 @@ def data_parallel_mesh() -> Any:
     return None
 
 
+def run_loggers(run_dir: str | None) -> list[Any]:
+    """The loggers that keep a run's curves: a JSONL log in `<run_dir>/metrics.jsonl` (what
+    `python -m functrain.plot RUN_DIR` draws); none without a run directory.
+
+    Pass `fit(..., run_dir=run_dir)` too: the logger finds its directory there.
+    """
+    if not run_dir:
+        return []
+    from functrain.loggers import JSONLLogger
+
+    return [JSONLLogger()]
+
+
 @contextlib.contextmanager
 def resumable_checkpoints(run_dir: str | None, every: str) -> Iterator[Any]:
     """A checkpoint `Manager` in `<run_dir>/checkpoints` keeping the last two, closed on exit.

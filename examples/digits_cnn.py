@@ -20,6 +20,7 @@ from _common import (
     data_parallel_mesh,
     example_parser,
     resumable_checkpoints,
+    run_loggers,
     set_threads,
 )
 from torch import nn
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
             duration=f"{1 if args.quick else args.epochs}ep",
             eval_data=test,
             eval_metrics=["accuracy"],
-            loggers=[ProgressBar(), ConsoleLogger()],
+            loggers=[ProgressBar(), ConsoleLogger(), *run_loggers(args.run_dir)],
             log_interval="1ep",
             checkpoints=checkpoints,
             autoresume=checkpoints is not None,

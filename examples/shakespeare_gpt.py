@@ -21,6 +21,7 @@ from _common import (
     data_parallel_mesh,
     example_parser,
     resumable_checkpoints,
+    run_loggers,
     set_threads,
 )
 from torch.utils.data import Subset
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
             eval_data=val,
             eval_interval="10ba" if args.quick else "500ba",
             eval_metrics=["perplexity"],
-            loggers=[ProgressBar(), ConsoleLogger(interval="100ba")],
+            loggers=[ProgressBar(), ConsoleLogger(interval="100ba"), *run_loggers(args.run_dir)],
             checkpoints=checkpoints,
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,

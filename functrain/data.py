@@ -398,7 +398,9 @@ class DataSource:
             return {}
         params = inspect.signature(target.state_dict).parameters
         if "num_samples" in params:  # StreamingDataset: the position is given by the trainer
-            return {"state": target.state_dict(samples_in_epoch, False)}
+            # from_beginning=True: fit counts from the epoch's start, not from the resume point
+            # (False would add the resumed offset twice after a mid-epoch resume).
+            return {"state": target.state_dict(samples_in_epoch, True)}
         return {"state": target.state_dict()}
 
     def load_state_dict(self, saved: dict[str, Any] | None, batch_in_epoch: int) -> None:

@@ -1,8 +1,9 @@
 """`python -m functrain.plot RUN_DIR`: draw a run's curves from its JSONL log to a PNG.
 
 Reads `RUN_DIR/metrics.jsonl` (written by `functrain.loggers.JSONLLogger`) and draws up to four
-panels against the training step: losses (training and evaluation), learning rate, throughput,
-and the other evaluation metrics. The figure goes to `RUN_DIR/curves.png` unless `--out` says
+panels against the training step, each with a labelled y axis: losses (training and evaluation),
+learning rate (one curve per distinct schedule: identical series under two names are drawn once),
+throughput, and the other evaluation metrics. The figure goes to `RUN_DIR/curves.png` unless `--out` says
 otherwise.
 
 Example:
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from .loggers.jsonl import DEFAULT_FILE_NAME, read_metrics
 
@@ -44,6 +46,28 @@ def _is_throughput(key: str) -> bool:
 
 def _is_eval(key: str) -> bool:
     return key.startswith(("eval/", "val/", "eval_", "val_"))
+
+
+YLABELS = {
+    "loss": "loss",
+    "learning rate": "learning rate",
+    "throughput": "samples / s",
+    "eval metrics": "metric value",
+}
+
+
+def distinct(series: Series, keys: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """`keys` without those whose curve repeats an earlier key's (the step's `lr` and an LR
+    monitor's `lr/...` of a single group are one curve), and `{kept: [dropped aliases]}`."""
+    kept: list[str] = []
+    aliases: dict[str, list[str]] = {}
+    for key in keys:
+        same = next((k for k in kept if series[k] == series[key]), None)
+        if same is None:
+            kept.append(key)
+        else:
+            aliases.setdefault(same, []).append(key)
+    return kept, aliases
 
 
 def panels(series: Series) -> list[tuple[str, list[str]]]:
@@ -75,10 +99,6 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     Raises:
         FileNotFoundError: no metrics file; ValueError: nothing plottable in it.
     """
-    # The Agg canvas directly, not pyplot: no display, and the caller's backend is untouched.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     run_dir = Path(run_dir)
     log = run_dir if run_dir.is_file() else run_dir / DEFAULT_FILE_NAME
     if not log.exists():
@@ -94,22 +114,47 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
             f"{sorted(series) or 'nothing'})"
         )
     out = Path(out) if out is not None else log.parent / OUT_FILE_NAME
+    figure = make_figure(series, str(run_dir.name if run_dir.is_dir() else log.name))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    return out
+
+
+def make_figure(series: Series, name: str) -> Any:
+    """The matplotlib `Figure` of `series` (panels as `panels` groups them).
+
+    Args:
+        series: `{key: [(step, value), ...]}` as from `read_metrics`.
+        name: the figure's title (the run's name).
+    Returns:
+        the figure (on an Agg canvas: `figure.savefig(path)` writes it).
+    """
+    # The Agg canvas directly, not pyplot: no display, and the caller's backend is untouched.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    groups = panels(series)
     columns = 1 if len(groups) == 1 else 2
     rows = math.ceil(len(groups) / columns)
     figure = Figure(figsize=(6.0 * columns, 3.6 * rows), dpi=110)
     FigureCanvasAgg(figure)
     for index, (title, keys) in enumerate(groups):
         axes = figure.add_subplot(rows, columns, index + 1)
+        keys, aliases = distinct(series, keys)
         lines = []
         for number, key in enumerate(keys):
             target = axes
             if key == "throughput/tokens_per_sec" and len(keys) > 1:
                 target = axes.twinx()  # tokens/s is ~context-length times samples/s
+                target.set_ylabel("tokens / s")
+            elif key == "throughput/tokens_per_sec":
+                axes.set_ylabel("tokens / s")
+            label = " = ".join([key, *aliases.get(key, [])])
             steps = [s for s, _ in series[key]]
             values = [v for _, v in series[key]]
             style = "o-" if len(steps) <= 30 else "-"  # sparse series (evals) get markers
             lines += target.plot(
-                steps, values, style, markersize=3, linewidth=1.2, label=key, color=f"C{number}"
+                steps, values, style, markersize=3, linewidth=1.2, label=label, color=f"C{number}"
             )
             top = max((v for v in values if math.isfinite(v)), default=0.0)
             if title == "throughput" and top > 0:
@@ -120,13 +165,13 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
                 axes.set_yscale("log")
         axes.set_title(title)
         axes.set_xlabel("step")
+        if not axes.get_ylabel():
+            axes.set_ylabel(YLABELS[title])
         axes.grid(True, alpha=0.3)
         axes.legend(lines, [line.get_label() for line in lines], fontsize=7)
-    figure.suptitle(str(run_dir.name if run_dir.is_dir() else log.name))
+    figure.suptitle(name)
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out)
-    return out
+    return figure
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,11 @@ def test_digits_reaches_97_percent_and_a_rerun_resumes(tmp_path, one_thread):
     assert first["accuracy"] >= 0.97
     assert first["state"].timestamp.epoch == 8
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000000308", "step_000000352"]
+    from functrain.plot import (
+        plot_run,
+    )  # the run directory is what `python -m functrain.plot` draws
+
+    assert plot_run(tmp_path).stat().st_size > 0
     again = digits.main(["--run-dir", str(tmp_path), *one_thread])  # resumes the finished run
     assert again["state"].step == first["state"].step
     assert again["accuracy"] == first["accuracy"]
@@ -75,7 +80,23 @@ def test_hf_pretrain_then_finetune_quick(tmp_path, one_thread):
     assert result["pretrain"]["loss"] < 4.0
     assert (pathlib.Path(result["pretrained_dir"]) / "model.safetensors").exists()
     assert 0.0 <= result["finetune"]["accuracy"] <= 1.0
-    assert sorted(os.listdir(tmp_path)) == ["finetune", "pretrain", "pretrained"]
+    assert 0.0 <= result["scratch"]["accuracy"] <= 1.0  # the baseline the docs compare with
+    assert sorted(os.listdir(tmp_path)) == ["finetune", "pretrain", "pretrained", "scratch"]
+    for phase in ("pretrain", "finetune", "scratch"):  # what `python -m functrain.plot` reads
+        assert (tmp_path / phase / "metrics.jsonl").stat().st_size > 0
+
+
+def test_hf_example_without_transformers_names_the_install_command(tmp_path):
+    blocker = tmp_path / "sitecustomize.py"  # makes `import transformers` fail in the child
+    blocker.write_text("import sys\nsys.modules['transformers'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(EXAMPLES.parent)])}
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "hf_pretrain_finetune.py"), "--quick"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert 'pip install -c .ci/constraints-cpu.txt -e ".[examples]"' in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from matplotlib.image import imread
 
 from functrain.loggers import JSONLLogger
-from functrain.plot import main, panels, plot_run
+from functrain.plot import main, make_figure, panels, plot_run
 
 
 def _write_run(run_dir, steps=60):
@@ -77,3 +77,27 @@ def test_clear_errors(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/samples": 32}\n')
     with pytest.raises(ValueError, match="nothing to plot|no loss"):
         plot_run(tmp_path)
+
+
+def test_axes_are_labelled_and_one_learning_rate_is_drawn_once():
+    ramp = [(step, 1e-3 * min(1.0, step / 10)) for step in range(1, 41)]
+    series = {
+        "loss": [(step, 2.0 / step) for step in range(1, 41)],
+        "lr": ramp,  # the step's lr ...
+        "lr/group0": list(ramp),  # ... and an LR monitor's: one schedule
+        "lr/head": [(step, 2e-3) for step in range(1, 41)],  # another one
+        "throughput/samples_per_sec": [(step, 100.0) for step in range(1, 41)],
+        "eval/accuracy": [(20, 0.5), (40, 0.9)],
+    }
+    figure = make_figure(series, "run")
+    by_title = {axes.get_title(): axes for axes in figure.axes if axes.get_title()}
+    assert {t: a.get_ylabel() for t, a in by_title.items()} == {
+        "loss": "loss",
+        "learning rate": "learning rate",
+        "throughput": "samples / s",
+        "eval metrics": "metric value",
+    }
+    labels = [line.get_label() for line in by_title["learning rate"].get_lines()]
+    assert labels == ["lr = lr/group0", "lr/head"]
+    assert all(axes.get_xlabel() == "step" for axes in by_title.values())
+    assert figure._suptitle.get_text() == "run"

@@ -133,7 +133,12 @@ def gated_linear_units(
     """GLU surgery for transformer MLPs (see `functrain.functional.gated_linear_units`)."""
     return surgery_algorithm(
         "gated_linear_units",
-        lambda m: apply_gated_linear_units(m, act_fn, gated_layer_bias, non_gated_layer_bias),
+        lambda m: apply_gated_linear_units(
+            m,
+            act_fn=act_fn,
+            gated_layer_bias=gated_layer_bias,
+            non_gated_layer_bias=non_gated_layer_bias,
+        ),  # fmt: skip
     )
 
 

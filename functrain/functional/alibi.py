@@ -9,7 +9,8 @@ Attention API: surgery works on any attention module exposing `n_head` (int) and
 `alibi_slopes` buffer slot (None until set) whose forward adds the bias when the slot holds a
 `(n_head,)` tensor -- `functrain.models.gpt.Attention` does. A module that has an attribute
 `max_sequence_length` gets it raised to the new maximum, and its `wpe` position embedding (if any)
-is removed. Hugging Face GPT-2 is not supported (its attention has no such slot).
+is removed. Hugging Face GPT-2 and BERT models (transformers' `GPT2Attention`,
+`BertSelfAttention`) get ALiBi by `functrain.functional.alibi_hf`.
 
 Example:
     >>> from functrain.models import GPT, GPTConfig
@@ -28,7 +29,8 @@ import torch
 from torch import nn
 
 from ..tree import tree_flatten, tree_unflatten
-from .module_surgery import check_module
+from .alibi_hf import apply_hf_alibi, is_hf_model
+from .module_surgery import check_module, reject_optimizers
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -52,29 +54,35 @@ def _is_alibi_attention(module: nn.Module) -> bool:
     return hasattr(module, "alibi_slopes") and isinstance(getattr(module, "n_head", None), int)
 
 
-def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
+def apply_alibi(model: nn.Module, max_sequence_length: int, optimizers: Any = None) -> nn.Module:
     """A copy of `model` using ALiBi in every supporting attention module.
 
     Args:
-        model: the model (not modified); see the module docstring for the attention API.
+        model: the model (not modified): one whose attention exposes the ALiBi slot (see the
+            module docstring), or a Hugging Face GPT-2 / BERT model (`functional.alibi_hf`).
         max_sequence_length: the longest sequence the new model accepts.
+        optimizers: Composer's argument; functrain's surgery touches no optimizer (see
+            `module_surgery.reject_optimizers`), so only None is accepted.
     Returns:
-        the new model; its position embedding is gone (one parameter fewer).
+        the new model; its position embedding is gone (one parameter fewer), or for a Hugging
+        Face model zeroed, frozen and extended to `max_sequence_length`.
     Raises:
-        ValueError: when no attention module exposes the ALiBi slot.
+        ValueError: when no attention module supports ALiBi.
     """
     check_module(model, "apply_alibi")
+    reject_optimizers("apply_alibi", optimizers)
     if max_sequence_length <= 0:
         raise ValueError(f"max_sequence_length must be positive, got {max_sequence_length}")
     new = copy.deepcopy(model)
+    if is_hf_model(new):
+        return apply_hf_alibi(new, int(max_sequence_length))
     attentions = [m for m in new.modules() if _is_alibi_attention(m)]
     if not attentions:
-        hint = ""
-        if any(type(m).__name__ == "GPT2Attention" for m in new.modules()):
-            hint = " (Hugging Face GPT-2 attention is not supported; use functrain.models.GPT)"
         raise ValueError(
             "apply_alibi found no attention module with `n_head` and an `alibi_slopes` buffer "
-            f"slot{hint}; see functrain.functional.alibi's docstring for the attention API"
+            "slot, nor a Hugging Face attention it supports (transformers' GPT2Attention and "
+            "BertSelfAttention); see functrain.functional.alibi's "
+            "docstring for the attention API"
         )
     for attention in attentions:
         device = next((p.device for p in attention.parameters()), torch.device("cpu"))

@@ -11,7 +11,8 @@ Strengths follow Composer: `_sample_level(level)` is `U(0.1, level)`; integer pa
 `int(sample * maxval / 10)`; geometric operations flip their sign with probability 1/2; the
 enhancement operations ("all" set) draw their factor from a distribution symmetric around 1, and
 the "_original" ones from `U(0.1, level) * 0.18 + 0.1`. Geometric operations follow PIL's affine
-convention (output pixel centres mapped to input coordinates, bilinear, zero fill), the colour ones
+convention (output pixel centres mapped to input coordinates, PIL's bilinear: zero fill where
+the sample point leaves the image, the edge repeated inside it), the colour ones
 PIL's `ImageEnhance` blends with the result clipped to `[0, 1]`; posterize, solarize and equalize
 work on the 256-level quantisation of the image, as PIL does on 8-bit images.
 
@@ -28,7 +29,6 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 AugmentationFn = Callable[[torch.Tensor, float, torch.Generator], torch.Tensor]
 
@@ -98,22 +98,40 @@ def _blend(degenerate: torch.Tensor, images: torch.Tensor, factor: torch.Tensor)
 def affine(images: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
     """Apply PIL-style affine maps: output pixel `(x, y)` samples input `(a x + b y + c, d x + e y + f)`.
 
+    PIL's bilinear `Image.transform` exactly (`Geometry.c`): the sample point is taken at the
+    output pixel's centre; a point outside the input image gives the fill value (0), and a point
+    inside it interpolates its four neighbours with the edge pixels repeated, so an image's
+    border ring is not blended with black (`grid_sample` with zero padding would be).
+
     Args:
         images: `(N, C, H, W)`.
         matrices: `(N, 6)` rows `(a, b, c, d, e, f)` in pixel units (x = column, y = row).
     Returns:
-        the transformed images (bilinear, zero outside).
+        the transformed images.
     """
-    n, _, height, width = images.shape
+    n, channels, height, width = images.shape
     m = matrices.to(device=images.device, dtype=torch.float64).view(n, 6, 1, 1)
     ys = torch.arange(height, device=images.device, dtype=torch.float64).view(1, height, 1) + 0.5
     xs = torch.arange(width, device=images.device, dtype=torch.float64).view(1, 1, width) + 0.5
     in_x = m[:, 0] * xs + m[:, 1] * ys + m[:, 2]
     in_y = m[:, 3] * xs + m[:, 4] * ys + m[:, 5]
-    grid = torch.stack((2 * in_x / width - 1, 2 * in_y / height - 1), dim=-1)
-    return F.grid_sample(
-        images, grid.to(images.dtype), mode="bilinear", padding_mode="zeros", align_corners=False
-    )
+    inside = (in_x >= 0) & (in_x < width) & (in_y >= 0) & (in_y < height)
+    x, y = in_x - 0.5, in_y - 0.5  # from pixel-centre to pixel-index coordinates
+    x0, y0 = torch.floor(x), torch.floor(y)
+    dx = (x - x0).to(images.dtype).unsqueeze(1)
+    dy = (y - y0).to(images.dtype).unsqueeze(1)
+    flat = images.reshape(n, channels, height * width)
+
+    def tap(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+        row = row.clamp(0, height - 1).to(torch.int64)
+        col = col.clamp(0, width - 1).to(torch.int64)
+        index = (row * width + col).view(n, 1, height * width).expand(n, channels, -1)
+        return flat.gather(2, index).view(n, channels, height, width)
+
+    top = tap(y0, x0) * (1 - dx) + tap(y0, x0 + 1) * dx
+    bottom = tap(y0 + 1, x0) * (1 - dx) + tap(y0 + 1, x0 + 1) * dx
+    out = top * (1 - dy) + bottom * dy
+    return torch.where(inside.unsqueeze(1), out, torch.zeros((), dtype=out.dtype))
 
 
 def _matrices(n: int, a=1.0, b=0.0, c=0.0, d=0.0, e=1.0, f=0.0) -> torch.Tensor:

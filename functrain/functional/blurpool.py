@@ -16,13 +16,14 @@ Example:
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.utils import _pair
 
-from .module_surgery import check_module, replace_modules
+from .module_surgery import check_module, reject_optimizers, replace_modules
 
 
 def binomial_filter_2d(dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -80,7 +81,7 @@ class BlurMaxPool2d(nn.Module):
         self.padding = padding
         self.dilation = dilation
         self.ceil_mode = ceil_mode
-        self.register_buffer("blur_filter", binomial_filter_2d())
+        self.register_buffer("filt2d", binomial_filter_2d())  # Composer's name
 
     @classmethod
     def from_maxpool2d(cls, module: nn.MaxPool2d) -> BlurMaxPool2d:
@@ -99,7 +100,7 @@ class BlurMaxPool2d(nn.Module):
             self.padding,
             self.dilation,
             self.ceil_mode,
-            self.blur_filter,
+            self.filt2d,
         )
 
 
@@ -159,6 +160,7 @@ def apply_blurpool(
     replace_maxpools: bool = True,
     blur_first: bool = True,
     min_channels: int = 16,
+    optimizers: Any = None,
 ) -> nn.Module:
     """A copy of `model` with strided convolutions and max-pools anti-aliased.
 
@@ -172,6 +174,7 @@ def apply_blurpool(
         the new model; warns when nothing was replaced.
     """
     check_module(model, "apply_blurpool")
+    reject_optimizers("apply_blurpool", optimizers)
     count = 0
 
     def policy(name: str, module: nn.Module):

@@ -20,11 +20,12 @@ Example:
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
 
-from .module_surgery import check_module, replace_modules, shared_parameter_ids
+from .module_surgery import check_module, reject_optimizers, replace_modules, shared_parameter_ids
 from .squeeze_excite import resolve_latent
 
 
@@ -70,7 +71,7 @@ class FactorizedConv2d(nn.Module):
     def __init__(self, conv: nn.Conv2d, latent_channels: int):
         super().__init__()
         self.latent_channels = latent_channels
-        self.conv0 = nn.Conv2d(
+        self.module0 = nn.Conv2d(
             conv.in_channels,
             latent_channels,
             conv.kernel_size,
@@ -80,10 +81,10 @@ class FactorizedConv2d(nn.Module):
             bias=False,
             padding_mode=conv.padding_mode,
         )
-        self.conv1 = nn.Conv2d(latent_channels, conv.out_channels, 1, bias=conv.bias is not None)
+        self.module1 = nn.Conv2d(latent_channels, conv.out_channels, 1, bias=conv.bias is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv1(self.conv0(x))
+        return self.module1(self.module0(x))
 
 
 def factorize_linear(module: nn.Linear, rank: int) -> FactorizedLinear:
@@ -108,10 +109,10 @@ def factorize_conv2d(module: nn.Conv2d, rank: int) -> FactorizedConv2d:
     new = FactorizedConv2d(module, rank)
     new.to(device=module.weight.device, dtype=module.weight.dtype)
     with torch.no_grad():
-        new.conv0.weight.copy_(right.reshape(rank, *module.weight.shape[1:]))
-        new.conv1.weight.copy_(left.reshape(out_channels, rank, 1, 1))
+        new.module0.weight.copy_(right.reshape(rank, *module.weight.shape[1:]))
+        new.module1.weight.copy_(left.reshape(out_channels, rank, 1, 1))
         if module.bias is not None:
-            new.conv1.bias.copy_(module.bias)
+            new.module1.bias.copy_(module.bias)
     return new
 
 
@@ -135,6 +136,7 @@ def apply_factorization(
     latent_channels: float = 0.25,
     min_features: int = 256,
     latent_features: float = 128,
+    optimizers: Any = None,
 ) -> nn.Module:
     """A copy of `model` with wide Conv2d/Linear layers factorized where that saves compute.
 
@@ -150,6 +152,7 @@ def apply_factorization(
         the new model. Tied weights (e.g. a language model head) are left alone.
     """
     check_module(model, "apply_factorization")
+    reject_optimizers("apply_factorization", optimizers)
     new = copy.deepcopy(model)
     tied = shared_parameter_ids(new)
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import importlib.util
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
 
-from .module_surgery import check_module, replace_modules
+from .module_surgery import check_module, reject_optimizers, replace_modules
 
 
 def fused_layernorm_available() -> bool:
@@ -25,12 +26,13 @@ def fused_layernorm_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("apex") is not None
 
 
-def apply_fused_layernorm(model: nn.Module) -> nn.Module:
+def apply_fused_layernorm(model: nn.Module, optimizers: Any = None) -> nn.Module:
     """A copy of `model` with `nn.LayerNorm`s replaced by Apex's `FusedLayerNorm` (same weights).
 
     Without CUDA or Apex: warns and returns an unchanged copy.
     """
     check_module(model, "apply_fused_layernorm")
+    reject_optimizers("apply_fused_layernorm", optimizers)
     if not fused_layernorm_available():
         warnings.warn(
             "fused LayerNorm is not available here (it needs CUDA and NVIDIA Apex); "

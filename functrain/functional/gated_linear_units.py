@@ -3,7 +3,8 @@
 `proj(act(fc(x)))` becomes `proj(act(gate(x)) * value(x))`. The value layer starts from the
 original `fc` weights and `proj` is copied; the gate layer is freshly initialised. Targets are
 modules exposing `fc` and `proj` (`nn.Linear`), an `act` module and optionally a `dropout` module,
-as `functrain.models.gpt.MLP` does.
+as `functrain.models.gpt.MLP` does; Hugging Face BERT and GPT-2 blocks are handled by
+`functrain.functional.gated_linear_units_hf`.
 
 Example:
     >>> from functrain.models import GPT, GPTConfig
@@ -15,11 +16,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from .module_surgery import check_module, replace_modules
+from .module_surgery import check_module, reject_optimizers, replace_modules
 
 
 class GLUMLP(nn.Module):
@@ -113,23 +115,36 @@ class _Lambda(nn.Module):
 
 def apply_gated_linear_units(
     model: nn.Module,
+    optimizers: Any = None,
     act_fn: Callable[[torch.Tensor], torch.Tensor] | nn.Module | None = None,
     gated_layer_bias: bool = False,
     non_gated_layer_bias: bool = False,
 ) -> nn.Module:
-    """A copy of `model` with every MLP (`fc`/`act`/`proj` module) replaced by a `GLUMLP`.
+    """A copy of `model` with every MLP replaced by a gated one (Composer's signature).
+
+    Replaced: functrain MLPs (`fc`/`act`/`proj` modules) by `GLUMLP`; Hugging Face BERT and GPT-2
+    feed-forward blocks as `functrain.functional.gated_linear_units_hf` says.
 
     Args:
         model: the model (not modified).
-        act_fn: the gate activation (None: the MLP's own `act`).
+        optimizers: Composer's second argument; functrain's surgery rewires no optimizer, so only
+            None is accepted (an optimizer here raises a TypeError that says what to do).
+        act_fn: the gate activation (None: the MLP's own activation).
         gated_layer_bias: give the gate layer a bias.
-        non_gated_layer_bias: give the value layer a bias (copied from `fc`).
+        non_gated_layer_bias: give the value layer a bias (copied from the first layer's).
     Returns:
         the new model.
     Raises:
         ValueError: when the model has no such MLP module.
     """
     check_module(model, "apply_gated_linear_units")
+    if optimizers is not None and not _is_optimizer(optimizers) and act_fn is None:
+        raise TypeError(
+            "apply_gated_linear_units(model, optimizers, act_fn, ...) follows Composer's "
+            f"signature: the second argument is the optimizers, got {type(optimizers).__name__}; "
+            "pass the activation by name: apply_gated_linear_units(model, act_fn=...)"
+        )
+    reject_optimizers("apply_gated_linear_units", optimizers)
     count = 0
 
     def policy(name: str, module: nn.Module):
@@ -140,9 +155,18 @@ def apply_gated_linear_units(
         return None
 
     new = replace_modules(model, policy)
+    from .gated_linear_units_hf import apply_hf_gated_linear_units  # it imports GLUMLP from here
+
+    count += apply_hf_gated_linear_units(new, act_fn, gated_layer_bias, non_gated_layer_bias)
     if count == 0:
         raise ValueError(
             "apply_gated_linear_units found no MLP module (one with nn.Linear `fc` and `proj` and "
-            "an `act` module, like functrain.models.gpt.MLP)"
+            "an `act` module, like functrain.models.gpt.MLP, or a Hugging Face BERT / GPT-2 "
+            "feed-forward block)"
         )
     return new
+
+
+def _is_optimizer(value: Any) -> bool:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return all(isinstance(item, torch.optim.Optimizer) for item in items)

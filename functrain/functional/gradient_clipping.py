@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..optim import EmptyState, adaptive_grad_clip, clip_by_global_norm, clip_by_value, global_norm
@@ -68,3 +70,49 @@ def adaptive_clip_grad(
         )
     subset = {k: params[k] for k in grads}
     return adaptive_grad_clip(clipping_threshold, eps).update(grads, EmptyState(), subset)[0]
+
+
+CLIPPING_TYPES = ("adaptive", "norm", "value")
+
+
+def apply_gradient_clipping(
+    model: Any,
+    clipping_type: str,
+    clipping_threshold: float,
+    fsdp_enabled: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Composer's `apply_gradient_clipping`, pure: the clipped gradients, nothing modified.
+
+    Composer clips every `p.grad` of the model in place; this returns them clipped instead (write
+    them back with `p.grad.copy_(...)` if a plain PyTorch loop needs it; inside functrain, compose
+    `functrain.algorithms.gradient_clipping` into the step).
+
+    Args:
+        model: an `nn.Module` whose parameters hold `.grad`, or `{name: grad}` ("adaptive" then
+            needs a module, for the weights).
+        clipping_type: "norm" (global norm), "value" (elementwise) or "adaptive" (AGC).
+        clipping_threshold: the norm, the value, or AGC's gradient-to-weight ratio.
+        fsdp_enabled: Composer's argument; sharded gradients are handled by functrain's step, so
+            it changes nothing here.
+    Returns:
+        `{name: clipped grad}` (new tensors) for the parameters that have a gradient.
+    Example:
+        >>> apply_gradient_clipping({"w": torch.tensor([3.0, 4.0])}, "norm", 1.0)["w"]
+        tensor([0.6000, 0.8000])
+    """
+    del fsdp_enabled
+    if clipping_type not in CLIPPING_TYPES:
+        raise ValueError(f"clipping_type must be one of {CLIPPING_TYPES}, got {clipping_type!r}")
+    if isinstance(model, torch.nn.Module):
+        named = dict(model.named_parameters())
+        grads = {k: p.grad.detach() for k, p in named.items() if p.grad is not None}
+        params = {k: p.detach() for k, p in named.items()}
+    else:
+        grads, params = dict(model), None
+    if clipping_type == "norm":
+        return clip_grad_norm(grads, clipping_threshold)
+    if clipping_type == "value":
+        return clip_grad_value(grads, clipping_threshold)
+    if params is None:
+        raise TypeError("adaptive clipping needs the weights: pass the nn.Module, not gradients")
+    return adaptive_clip_grad(grads, params, clipping_threshold)

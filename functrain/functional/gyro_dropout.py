@@ -17,10 +17,12 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from .module_surgery import check_module, replace_modules
+from .module_surgery import check_module, reject_optimizers, replace_modules
 
 
 def gyro_masks(seed: int, sigma: int, features: int, p: float, device=None) -> torch.Tensor:
@@ -70,7 +72,7 @@ class GyroDropout(nn.Module):
 
 
 def apply_gyro_dropout(
-    model: nn.Module, p: float = 0.5, sigma: int = 256, tau: int = 16
+    model: nn.Module, p: float = 0.5, sigma: int = 256, tau: int = 16, optimizers: Any = None
 ) -> nn.Module:
     """A copy of `model` with every `nn.Dropout` replaced by `GyroDropout(p, sigma, tau)`.
 
@@ -78,6 +80,7 @@ def apply_gyro_dropout(
         ValueError: when the model has no `nn.Dropout`.
     """
     check_module(model, "apply_gyro_dropout")
+    reject_optimizers("apply_gyro_dropout", optimizers)
     count = 0
 
     def policy(name: str, module: nn.Module):

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 def freeze_fraction(elapsed: float, freeze_start: float = 0.5, freeze_level: float = 1.0) -> float:
@@ -43,3 +44,32 @@ def frozen_names(param_names: Iterable[str], fraction: float) -> list[str]:
     layers = layers_of(param_names)
     depth = int(fraction * len(layers[:-1]))
     return [name for layer in layers[:depth] for name in layer]
+
+
+def freeze_layers(
+    model: Any,
+    optimizers: Any = None,
+    current_duration: float = 0.0,
+    freeze_start: float = 0.5,
+    freeze_level: float = 1.0,
+) -> tuple[int, float]:
+    """Composer's `freeze_layers`, pure: how many layers are frozen at `current_duration`.
+
+    Composer sets `requires_grad=False` on those layers and removes them from the optimizers;
+    functrain changes neither: its `layer_freezing` algorithm masks their updates in the step,
+    and `frozen_names(names, fraction)` lists the parameters.
+
+    Args:
+        model: the `nn.Module` (its parameter-owning modules, in definition order, are the layers).
+        optimizers: Composer's argument; only None (functrain rewires no optimizer).
+        current_duration: the elapsed fraction of training, in [0, 1].
+        freeze_start, freeze_level: as in `freeze_fraction`.
+    Returns:
+        `(freeze_depth, freeze_percentage)`: the number of frozen layers and their fraction.
+    """
+    from .module_surgery import reject_optimizers
+
+    reject_optimizers("freeze_layers", optimizers)
+    fraction = freeze_fraction(float(current_duration), freeze_start, freeze_level)
+    layers = layers_of(name for name, _ in model.named_parameters())
+    return int(fraction * len(layers[:-1])), fraction

@@ -14,11 +14,15 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import warnings
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .module_surgery import check_module, reclass, replace_modules
+from .module_surgery import check_module, reclass, reject_optimizers, replace_modules
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -66,19 +70,63 @@ class LPGroupNorm(nn.GroupNorm):
             )
 
 
-def apply_low_precision_layernorm(model: nn.Module) -> nn.Module:
-    """A copy of `model` with every `nn.LayerNorm` replaced by `LPLayerNorm` (same weights)."""
+def apply_low_precision_layernorm(
+    model: nn.Module, precision: Any = None, optimizers: Any = None
+) -> nn.Module:
+    """A copy of `model` with every `nn.LayerNorm` replaced by `LPLayerNorm` (same weights).
+
+    Args:
+        model: the model (not modified).
+        precision: Composer's argument: the run's precision ("amp_bf16", "amp_fp16", ...). The
+            replacement only matters under autocast, so any other precision leaves the copy
+            unchanged with a warning, as Composer does; None replaces (functrain's default).
+        optimizers: Composer's argument; only None (see `module_surgery.reject_optimizers`).
+    """
     check_module(model, "apply_low_precision_layernorm")
+    reject_optimizers("apply_low_precision_layernorm", optimizers)
+    if not _applies(precision, "apply_low_precision_layernorm"):
+        return copy.deepcopy(model)
     return replace_modules(
         model,
         lambda name, m: reclass(m, LPLayerNorm) if type(m) is nn.LayerNorm else None,
     )
 
 
-def apply_low_precision_groupnorm(model: nn.Module) -> nn.Module:
-    """A copy of `model` with every `nn.GroupNorm` replaced by `LPGroupNorm` (same weights)."""
+def apply_low_precision_groupnorm(
+    model: nn.Module, precision: Any = None, optimizers: Any = None
+) -> nn.Module:
+    """A copy of `model` with every `nn.GroupNorm` replaced by `LPGroupNorm` (same weights).
+
+    Args:
+        model: the model (not modified).
+        precision: Composer's argument: the run's precision ("amp_bf16", "amp_fp16", ...). The
+            replacement only matters under autocast, so any other precision leaves the copy
+            unchanged with a warning, as Composer does; None replaces (functrain's default).
+        optimizers: Composer's argument; only None (see `module_surgery.reject_optimizers`).
+    """
     check_module(model, "apply_low_precision_groupnorm")
+    reject_optimizers("apply_low_precision_groupnorm", optimizers)
+    if not _applies(precision, "apply_low_precision_groupnorm"):
+        return copy.deepcopy(model)
     return replace_modules(
         model,
         lambda name, m: reclass(m, LPGroupNorm) if type(m) is nn.GroupNorm else None,
     )
+
+
+LOW_PRECISIONS = ("amp_bf16", "amp_fp16")
+
+
+def _applies(precision: Any, what: str) -> bool:
+    """Whether a low-precision norm has an effect at `precision` (warns when it has none)."""
+    if precision is None:
+        return True
+    name = str(getattr(precision, "value", precision)).lower()
+    if name in LOW_PRECISIONS:
+        return True
+    warnings.warn(
+        f"{what}(precision={name!r}) has no effect: low-precision norms matter only under "
+        f"{' or '.join(LOW_PRECISIONS)}; the model is returned unchanged",
+        stacklevel=3,
+    )
+    return False

@@ -28,6 +28,23 @@ def check_module(model: object, what: str) -> nn.Module:
     return model
 
 
+def reject_optimizers(what: str, optimizers: object) -> None:
+    """Raise a clear TypeError when Composer's `optimizers=` argument is given to a surgery.
+
+    Composer's surgery mutates the model in place and rewires the optimizers that hold its
+    parameters. functrain's returns a new model and holds no optimizer: the optimizer's state is
+    built from the final model by `functrain.init`, after surgery.
+    """
+    if optimizers is None:
+        return
+    raise TypeError(
+        f"{what} got optimizers= ({type(optimizers).__name__}): functrain's surgery returns a new "
+        "model and changes no optimizer, so there is nothing to rewire. Drop the argument and "
+        f"build the state after surgery: model = {what}(model, ...); "
+        "state = functrain.init(model, optimizer)"
+    )
+
+
 def replace_modules(model: nn.Module, policy: Policy, *, copy_model: bool = True) -> nn.Module:
     """Replace every submodule for which `policy` returns a module; recurse into the others.
 

@@ -12,10 +12,12 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from .module_surgery import check_module, replace_modules
+from .module_surgery import check_module, reject_optimizers, replace_modules
 
 
 def resolve_latent(latent: float, features: int) -> int:
@@ -64,7 +66,7 @@ class SqueezeExciteConv2d(nn.Module):
 
 
 def apply_squeeze_excite(
-    model: nn.Module, latent_channels: float = 64, min_channels: int = 128
+    model: nn.Module, latent_channels: float = 64, min_channels: int = 128, optimizers: Any = None
 ) -> nn.Module:
     """A copy of `model` with a squeeze-excite block after every wide `Conv2d`.
 
@@ -76,6 +78,7 @@ def apply_squeeze_excite(
         the new model (new gate parameters are freshly initialised).
     """
     check_module(model, "apply_squeeze_excite")
+    reject_optimizers("apply_squeeze_excite", optimizers)
 
     def policy(name: str, module: nn.Module):
         if (

@@ -28,10 +28,12 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from .module_surgery import check_module, replace_modules
+from .module_surgery import check_module, reject_optimizers, replace_modules
 
 METHODS = ("block", "sample")
 DISTRIBUTIONS = ("uniform", "linear")
@@ -130,10 +132,14 @@ def layer_drop_rates(count: int, drop_rate: float, drop_distribution: str) -> li
     return [drop_rate * (i + 1) / count for i in range(count)]
 
 
+# Composer's names for the blocks its registry knows -> the class name in torchvision's ResNet.
+COMPOSER_BLOCK_NAMES = {"ResNetBottleneck": "Bottleneck", "ResNetBasicBlock": "BasicBlock"}
+
+
 def _matches(module: nn.Module, target) -> bool:
     targets = target if isinstance(target, (tuple, list)) else (target,)
     for t in targets:
-        if isinstance(t, str) and type(module).__name__ == t:
+        if isinstance(t, str) and type(module).__name__ in (t, COMPOSER_BLOCK_NAMES.get(t)):
             return True
         if isinstance(t, type) and isinstance(module, t):
             return True
@@ -146,13 +152,15 @@ def apply_stochastic_depth(
     stochastic_method: str = "block",
     drop_rate: float = 0.2,
     drop_distribution: str = "linear",
+    optimizers: Any = None,
 ) -> nn.Module:
     """A copy of `model` with every target residual block wrapped in a `StochasticBlock`.
 
     Args:
         model: the model (not modified).
         target_layer_name: a block class, a class name ("ResidualBlock", "Bottleneck", ...), or a
-            tuple of them.
+            tuple of them; Composer's registry names are accepted too ("ResNetBottleneck" is
+            torchvision's `Bottleneck`).
         stochastic_method: "block" or "sample".
         drop_rate: the drop probability (of the deepest block with "linear").
         drop_distribution: "linear" or "uniform" over the blocks' depth.
@@ -162,14 +170,25 @@ def apply_stochastic_depth(
         ValueError: when no target block is found.
     """
     check_module(model, "apply_stochastic_depth")
+    reject_optimizers("apply_stochastic_depth", optimizers)
     if not 0.0 <= drop_rate <= 1.0:
         raise ValueError(f"drop_rate must be in [0, 1], got {drop_rate}")
     if stochastic_method not in METHODS:
         raise ValueError(f"stochastic_method must be one of {METHODS}, got {stochastic_method!r}")
     count = sum(_matches(m, target_layer_name) for m in model.modules())
     if count == 0:
+        layouts = sorted(
+            {
+                type(m).__name__
+                for m in model.modules()
+                if _has_torchvision_layout(m) or _has_branch_protocol(m)
+            }
+        )
         raise ValueError(
-            f"apply_stochastic_depth found no {target_layer_name!r} block in the model"
+            f"apply_stochastic_depth found no {target_layer_name!r} block in the model; pass "
+            "the block's class or its class name as the model has it"
+            + (f" (residual blocks here: {layouts})" if layouts else "")
+            + "; Composer's 'ResNetBottleneck' is torchvision's 'Bottleneck'"
         )
     rates = iter(layer_drop_rates(count, drop_rate, drop_distribution))
 

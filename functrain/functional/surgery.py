@@ -9,6 +9,7 @@ Example:
 """
 
 from .alibi import alibi_slopes, apply_alibi, scale_sequence_length
+from .alibi_hf import alibi_attention
 from .blurpool import (
     BlurConv2d,
     BlurMaxPool2d,
@@ -29,6 +30,7 @@ from .factorize import (
 )
 from .fused_layernorm import apply_fused_layernorm, fused_layernorm_available
 from .gated_linear_units import GLUMLP, apply_gated_linear_units, glu_from_mlp
+from .gated_linear_units_hf import BERTGatedFFOutput
 from .ghost_batchnorm import (
     GhostBatchNorm1d,
     GhostBatchNorm2d,
@@ -55,6 +57,7 @@ from .weight_standardization import (
 )
 
 __all__ = [
+    "BERTGatedFFOutput",
     "BlurConv2d",
     "BlurMaxPool2d",
     "FactorizedConv2d",
@@ -72,6 +75,7 @@ __all__ = [
     "StandardizedConv2d",
     "StandardizedConv3d",
     "StochasticBlock",
+    "alibi_attention",
     "alibi_slopes",
     "apply_alibi",
     "apply_blurpool",

@@ -13,10 +13,12 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from .module_surgery import check_module, reclass, replace_modules
+from .module_surgery import check_module, reclass, reject_optimizers, replace_modules
 
 EPS = 1e-10  # Composer's choice: only guards exactly-constant filters
 
@@ -56,7 +58,9 @@ _STANDARDIZED = {
 }
 
 
-def apply_weight_standardization(model: nn.Module, n_last_layers_ignore: int = 0) -> nn.Module:
+def apply_weight_standardization(
+    model: nn.Module, n_last_layers_ignore: int = 0, optimizers: Any = None
+) -> nn.Module:
     """A copy of `model` whose convolutions standardize their weights.
 
     Args:
@@ -66,6 +70,7 @@ def apply_weight_standardization(model: nn.Module, n_last_layers_ignore: int = 0
         the new model (same parameters and names).
     """
     check_module(model, "apply_weight_standardization")
+    reject_optimizers("apply_weight_standardization", optimizers)
     if n_last_layers_ignore < 0:
         raise ValueError(f"n_last_layers_ignore must be >= 0, got {n_last_layers_ignore}")
     total = sum(type(m) in _STANDARDIZED for m in model.modules())

@@ -11,21 +11,24 @@ Example:
 from .ema import compute_ema, smoothing_from_half_life
 from .gradient_clipping import (
     adaptive_clip_grad,
+    apply_gradient_clipping,
     clip_grad_norm,
     clip_grad_value,
     global_grad_norm,
     unitwise_norm,
 )
-from .layer_freezing import freeze_fraction, frozen_names, layers_of
+from .layer_freezing import freeze_fraction, freeze_layers, frozen_names, layers_of
 from .sam import perturb, sam_perturbation
 from .swa import normalize_anneal_strategy, swa_average, swa_lr
 
 __all__ = [
     "adaptive_clip_grad",
+    "apply_gradient_clipping",
     "clip_grad_norm",
     "clip_grad_value",
     "compute_ema",
     "freeze_fraction",
+    "freeze_layers",
     "frozen_names",
     "global_grad_norm",
     "layers_of",

@@ -1,4 +1,4 @@
-"""Loggers: where metrics go (console, progress bar, JSONL, TensorBoard, MLflow).
+"""Loggers: where metrics go (console, progress bar, JSONL, TensorBoard, MLflow, W&B).
 
 A logger is a callback that also has `log_metrics(metrics, step)` (and optionally `log_hparams`,
 `log_images`, `close`). Loggers write on rank 0 only unless built with `all_ranks=True`, and turn
@@ -15,6 +15,7 @@ from .jsonl import JSONLLogger, read_metrics
 from .mlflow_logger import MLflowLogger
 from .progress_bar import ProgressBar
 from .tensorboard_logger import TensorBoardLogger
+from .wandb_logger import WandBLogger
 
 __all__ = [
     "ConsoleLogger",
@@ -23,6 +24,7 @@ __all__ = [
     "MLflowLogger",
     "ProgressBar",
     "TensorBoardLogger",
+    "WandBLogger",
     "as_uint8_nhwc",
     "process_rank",
     "read_metrics",

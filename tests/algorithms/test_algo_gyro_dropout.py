@@ -65,3 +65,20 @@ def test_errors():
     step = make(model, loss, lambda: [gyro_dropout(sigma=4, tau=2)], OPT)
     with pytest.raises(ValueError, match="max_batches"):
         step(functrain.init(model, OPT), regression_batches(1)[0])
+
+
+def test_composers_iters_per_epoch_and_max_epoch_pace_the_masks():
+    # 4 iterations x 4 epochs = 16 batches, sigma 4, tau 2: Composer's period int(16 / 4) * 2 = 8,
+    # with no horizon in the state at all.
+    algorithm = gyro_dropout(p=0.5, sigma=4, tau=2, iters_per_epoch=4, max_epoch=4)
+    model = apply_surgery(dropout_mlp(), [algorithm])
+    step = make(model, loss, lambda: [algorithm], OPT)
+    state = functrain.init(model, OPT)
+    assert state.timestamp.max_batches == 0
+    indices = []
+    for batch in regression_batches(10):
+        state, _ = step(state, batch)
+        indices.append(tuple(state.buffers["2.mask_index"].tolist()))
+    assert len(set(indices[:8])) == 1 and indices[8] == indices[9]
+    with pytest.raises(ValueError, match="together"):
+        gyro_dropout(iters_per_epoch=4)

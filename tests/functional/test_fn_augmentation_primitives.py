@@ -1,5 +1,7 @@
 """The RandAugment/AugMix operations on tensors: shape and range kept, PIL semantics, determinism."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -71,3 +73,64 @@ def test_sets_and_value_ranges():
     assert torch.equal(ap.from_unit_range(ap.to_unit_range(u8, (0, 1)), (0, 1), u8), u8)
     with pytest.raises(ValueError, match="severity"):
         ap.check_severity(11, "RandAugment")
+
+
+# -- geometry against PIL itself ------------------------------------------------------------------
+
+PIL = pytest.importorskip("PIL.Image")
+
+
+def _pil(array, how):
+    """Apply `how(PIL image)` to an (H, W, 3) uint8 array; the result as an array."""
+    import numpy as np
+
+    return np.asarray(how(PIL.fromarray(array)))
+
+
+def _ours(array, matrices):
+    images = torch.from_numpy(array.copy()).permute(2, 0, 1)[None].double() / 255
+    out = ap.affine(images, torch.tensor([matrices], dtype=torch.float64))
+    return (out[0].permute(1, 2, 0) * 255).numpy()
+
+
+def _rotation_matrix(degrees, width, height):
+    """PIL's `Image.rotate` matrix (output -> input, about the centre)."""
+    theta = -math.radians(degrees)
+    a, b, d, e = math.cos(theta), math.sin(theta), -math.sin(theta), math.cos(theta)
+    cx, cy = width / 2.0, height / 2.0
+    return [a, b, a * -cx + b * -cy + cx, d, e, d * -cx + e * -cy + cy]
+
+
+@pytest.mark.parametrize("degrees", [-3, 3, 17, -29, 90])
+def test_rotation_matches_pil_bilinear_including_the_outer_ring(degrees):
+    import numpy as np
+
+    array = np.random.default_rng(degrees % 7).integers(0, 256, (9, 11, 3), dtype=np.uint8)
+    expected = _pil(array, lambda im: im.rotate(degrees, resample=PIL.BILINEAR))
+    got = _ours(array, _rotation_matrix(degrees, 11, 9))
+    # PIL rounds its 8-bit arithmetic; within one level everywhere, the border included.
+    assert np.abs(got - expected.astype(np.float64)).max() <= 1.0
+
+
+@pytest.mark.parametrize("amount", [0.3, -0.17])
+@pytest.mark.parametrize("horizontal", [True, False])
+def test_shear_matches_pil_bilinear(amount, horizontal):
+    import numpy as np
+
+    array = np.random.default_rng(3).integers(0, 256, (10, 8, 3), dtype=np.uint8)
+    matrix = (1, amount, 0, 0, 1, 0) if horizontal else (1, 0, 0, amount, 1, 0)
+    expected = _pil(array, lambda im: im.transform(im.size, PIL.AFFINE, matrix, PIL.BILINEAR))
+    assert np.abs(_ours(array, list(matrix)) - expected).max() <= 1.0
+
+
+def test_a_constant_image_rotated_slightly_is_never_blended_with_black():
+    import numpy as np
+
+    array = np.full((32, 32, 3), 200, dtype=np.uint8)
+    pil = _pil(array, lambda im: im.rotate(-3, resample=PIL.BILINEAR))
+    ours = _ours(array, _rotation_matrix(-3, 32, 32))
+    # PIL blanks a pixel whose sample point leaves the image and repeats the edge otherwise:
+    # every pixel is 200 or 0, none in between (zero padding would blend 124 into the corners).
+    assert set(np.unique(pil)) == {0, 200}
+    assert (pil[0] == 200).mean() > 0.7  # most of the top row keeps its value
+    assert np.array_equal(ours.round(), pil.astype(np.float64))

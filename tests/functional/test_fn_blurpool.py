@@ -80,3 +80,14 @@ def test_nothing_to_replace_warns_and_bad_filter_errors():
         blur_2d(torch.zeros(1, 1, 4, 4), filter=torch.ones(1, 1, 2, 2))
     with pytest.raises(TypeError, match="nn.Module"):
         apply_blurpool("model")
+
+
+def test_state_dict_names_are_composers():
+    from functrain.functional import apply_blurpool
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, stride=2), torch.nn.MaxPool2d(2))
+    new = apply_blurpool(model, min_channels=1)
+    # composer/algorithms/blurpool/blurpool_layers.py: BlurConv2d keeps `conv` and `blur_filter`,
+    # BlurMaxPool2d a `filt2d` buffer.
+    assert set(new.state_dict()) == {"0.conv.weight", "0.conv.bias", "0.blur_filter", "1.filt2d"}
+    new.load_state_dict({k: v.clone() for k, v in new.state_dict().items()}, strict=True)

@@ -75,3 +75,13 @@ def test_rank_errors():
         factorize_linear(nn.Linear(3, 2), 3)
     with pytest.raises(ValueError, match="groups"):
         factorize_conv2d(nn.Conv2d(4, 4, 3, groups=2), 2)
+
+
+def test_factorized_children_have_composers_names():
+    from functrain.functional import factorize_conv2d, factorize_linear
+
+    conv = factorize_conv2d(torch.nn.Conv2d(8, 8, 3), 4)
+    linear = factorize_linear(torch.nn.Linear(8, 8), 4)
+    # composer/algorithms/factorize/factorize_modules.py: module0 (to the latent), module1.
+    assert set(conv.state_dict()) == {"module0.weight", "module1.weight", "module1.bias"}
+    assert set(linear.state_dict()) == {"module0.weight", "module1.weight", "module1.bias"}

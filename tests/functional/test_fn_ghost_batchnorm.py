@@ -39,7 +39,7 @@ def test_one_ghost_batch_is_batchnorm_exactly_in_training(seed, batch, momentum)
     x = torch.randn(batch, 2, 3, 3)
     assert torch.equal(ghost(x), model(x))
     for name in ("running_mean", "running_var", "num_batches_tracked"):
-        assert torch.equal(getattr(ghost[1], name), getattr(model[1], name))
+        assert torch.equal(getattr(ghost[1].batchnorm, name), getattr(model[1], name))
 
 
 def test_each_ghost_batch_is_normalized_on_its_own():
@@ -49,18 +49,21 @@ def test_each_ghost_batch_is_normalized_on_its_own():
     out = bn(x)
     for chunk in out.split(4):
         torch.testing.assert_close(chunk.mean(0), torch.zeros(3), atol=1e-5, rtol=0)
-    assert int(bn.num_batches_tracked) == 3
+    assert int(bn.batchnorm.num_batches_tracked) == 3
     # the running mean moved by momentum/3 per chunk (three chunks, so ~ one momentum overall)
     expected = torch.zeros(3)
     for chunk in x.split(4):
         expected = expected + 0.1 / 3 * (chunk.mean(0) - expected)
-    torch.testing.assert_close(bn.running_mean, expected)
+    torch.testing.assert_close(bn.batchnorm.running_mean, expected)
 
 
-def test_names_kept_and_bad_size():
+def test_composers_state_dict_names_and_bad_size():
     model = nn.Sequential(nn.BatchNorm2d(4))
     new = apply_ghost_batchnorm(model, 8)
-    assert isinstance(new[0], GhostBatchNorm2d) and isinstance(new[0], nn.BatchNorm2d)
-    assert list(new.state_dict()) == list(model.state_dict())
+    assert isinstance(new[0], GhostBatchNorm2d) and isinstance(new[0].batchnorm, nn.BatchNorm2d)
+    # Composer's _GhostBatchNorm keeps the BatchNorm as its `batchnorm` child.
+    assert list(new.state_dict()) == [f"0.batchnorm.{k}" for k in model[0].state_dict()]
+    saved = {k: v + 1 if v.is_floating_point() else v for k, v in new.state_dict().items()}
+    apply_ghost_batchnorm(model, 8).load_state_dict(saved, strict=True)
     with pytest.raises(ValueError, match="ghost_batch_size"):
         apply_ghost_batchnorm(model, 0)

@@ -59,3 +59,23 @@ def test_errors():
         clip_grad_value({"w": torch.ones(2)}, -1.0)
     with pytest.raises(KeyError, match="missing"):
         adaptive_clip_grad({"w": torch.ones(2)}, {}, 0.1)
+
+
+def test_apply_gradient_clipping_under_composers_signature_is_pure():
+    from functrain.functional import apply_gradient_clipping
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -2.0]]))
+    model.weight.grad = torch.tensor([[3.0, -4.0]])  # norm 5
+    by_norm = apply_gradient_clipping(model, "norm", 1.0)
+    torch.testing.assert_close(by_norm["weight"], torch.tensor([[0.6, -0.8]]))
+    by_value = apply_gradient_clipping(model, "value", 2.0)
+    torch.testing.assert_close(by_value["weight"], torch.tensor([[2.0, -2.0]]))
+    # AGC on the single unit (one output row): |g| = 5 > 0.5 * |w| = 0.5 * sqrt(5)
+    adaptive = apply_gradient_clipping(model, "adaptive", 0.5)
+    expected = torch.tensor([[3.0, -4.0]]) * (0.5 * 5**0.5 / 5.0)
+    torch.testing.assert_close(adaptive["weight"], expected)
+    assert torch.equal(model.weight.grad, torch.tensor([[3.0, -4.0]]))  # untouched
+    with pytest.raises(ValueError, match="clipping_type"):
+        apply_gradient_clipping(model, "global", 1.0)

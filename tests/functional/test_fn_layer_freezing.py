@@ -41,3 +41,18 @@ def test_argument_errors():
         freeze_fraction(0.5, freeze_start=1.0)
     with pytest.raises(ValueError, match="freeze_level"):
         freeze_fraction(0.5, freeze_level=-0.1)
+
+
+def test_freeze_layers_under_composers_signature_counts_without_freezing():
+    import torch
+
+    from functrain.functional import freeze_layers
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(5)])  # 5 layers
+    assert freeze_layers(model, current_duration=0.25) == (0, 0.0)  # before freeze_start
+    # three quarters through: (0.75 - 0.5) / 0.5 = half of the 4 freezable layers
+    assert freeze_layers(model, None, 0.75) == (2, 0.5)
+    assert freeze_layers(model, None, 1.0, freeze_level=0.5) == (2, 0.5)
+    assert all(p.requires_grad for p in model.parameters())  # nothing was frozen
+    with pytest.raises(TypeError, match="optimizers="):
+        freeze_layers(model, torch.optim.SGD(model.parameters(), lr=0.1), 0.75)

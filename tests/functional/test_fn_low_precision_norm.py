@@ -1,5 +1,6 @@
 """Low-precision norms: exactly the plain norm in fp32, the autocast dtype under autocast."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -47,3 +48,13 @@ def test_groupnorm_is_exact_in_fp32(seed):
     assert torch.equal(new(x), model(x))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert new(x).dtype == torch.bfloat16
+
+
+def test_composers_precision_argument():
+    from functrain.functional import LPLayerNorm
+
+    model = torch.nn.Sequential(torch.nn.LayerNorm(4))
+    assert isinstance(apply_low_precision_layernorm(model, "amp_bf16")[0], LPLayerNorm)
+    with pytest.warns(UserWarning, match="no effect"):
+        unchanged = apply_low_precision_layernorm(model, "fp32")
+    assert type(unchanged[0]) is torch.nn.LayerNorm and unchanged is not model
