@@ -174,7 +174,7 @@ class _FitRun:
             step = step.donated()
         self.step = step
         self.state = state
-        self.source = DataSource(train_data)
+        self.source = DataSource(train_data, placement=dp_info(state))  # the state's dp slice
         self.eval_sets = _eval_sets(options["eval_data"])
         self.eval_fn = options["eval_fn"]
         self.eval_metrics = resolve_metrics(options["eval_metrics"])
@@ -194,7 +194,7 @@ class _FitRun:
         if self.autoresume and self.checkpoints is None:
             raise ValueError("fit(autoresume=True) needs checkpoints=Manager(root) to resume from")
         self.seed = options["seed"]
-        self.rank, self.world_size = dp_info()
+        self.rank, self.world_size = dp_info(state)
         self.device = state_device(state)
         self.ctx = Context(
             rank=self.rank,
