@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -72,20 +73,16 @@ def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
         yield
         return
 
-    def before(module: torch.nn.Module, args: Any) -> None:
-        _before_module(inflight, module)
-
-    def after(module: torch.nn.Module, args: Any, output: Any) -> None:
-        stack = inflight.restore.get(id(module))
-        if stack:
-            for name, placeholder in stack.pop():
-                module._parameters[name] = placeholder
-
-    pre = torch.nn.modules.module.register_module_forward_pre_hook(before)
-    post = torch.nn.modules.module.register_module_forward_hook(after, always_call=True)
+    # partials, not closures: these run for every module call and every saved tensor
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(
+        functools.partial(_before_module, inflight)
+    )
+    post = torch.nn.modules.module.register_module_forward_hook(
+        functools.partial(_after_module, inflight), always_call=True
+    )
     try:
         with torch.autograd.graph.saved_tensors_hooks(
-            lambda t: _pack(inflight, t), lambda s: _unpack(inflight, s)
+            functools.partial(_pack, inflight), functools.partial(_unpack, inflight)
         ):
             yield
     except RuntimeError as error:
@@ -102,7 +99,7 @@ def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
         inflight.restore.clear()
 
 
-def _before_module(inflight: InFlight, module: torch.nn.Module) -> None:
+def _before_module(inflight: InFlight, module: torch.nn.Module, args: Any = None) -> None:
     placeholders = inflight.placeholders
     found = [
         (name, placeholders[id(value)])
@@ -122,6 +119,13 @@ def _before_module(inflight: InFlight, module: torch.nn.Module) -> None:
         swapped.append((name, module._parameters[name]))
         module._parameters[name] = wholes[id(pieces[0])][index]
     inflight.restore.setdefault(id(module), []).append(swapped)
+
+
+def _after_module(inflight: InFlight, module: torch.nn.Module, args: Any, output: Any) -> None:
+    stack = inflight.restore.get(id(module))
+    if stack:
+        for name, placeholder in stack.pop():
+            module._parameters[name] = placeholder
 
 
 def _gather(inflight: InFlight, bucket, layout, pieces: list[torch.Tensor]) -> list[torch.Tensor]:

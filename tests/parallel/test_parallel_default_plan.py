@@ -41,7 +41,12 @@ SCRIPT = textwrap.dedent(
     manager.close()
     rank, world = functrain.parallel.data_parallel_info(state.layout)
     full = functrain.parallel.full_params(state.params)
-    result = {"rank": rank, "world": world, "sizes": sizes,
+    try:  # iterated by hand on a rank of a larger world, a Loader needs its placement
+        next(iter(Loader(data, batch_size=16)))
+        unplaced = "no error"
+    except ValueError as error:
+        unplaced = str(error)
+    result = {"rank": rank, "world": world, "sizes": sizes, "unplaced": unplaced,
               "plan": None if state.layout is None else state.layout.plan.name,
               "params": {k: v.tolist() for k, v in full.items()}}
     with open(f"{out}.rank{rank}.json", "w") as f:
@@ -74,10 +79,12 @@ def test_no_mesh_under_the_launcher_means_data_parallel_over_all_ranks(tmp_path)
 
     one = json.loads((tmp_path / "alone.rank0.json").read_text())
     assert (one["world"], one["plan"], one["sizes"]) == (1, None, [16] * 6)
+    assert one["unplaced"] == "no error"  # one process: the whole batch, no placement needed
     for rank in (0, 1):
         got = json.loads((tmp_path / f"two.rank{rank}.json").read_text())
         assert (got["rank"], got["world"], got["plan"]) == (rank, 2, "ddp")
         assert got["sizes"] == [8] * 6  # each rank trains on its half of every global batch
+        assert "rank=r, world_size=n" in got["unplaced"], got["unplaced"]
         assert _max_error(got["params"], one["params"]) <= 1e-5  # = one process, same batches
 
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "no mesh given" in line]

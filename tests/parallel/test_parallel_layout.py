@@ -133,3 +133,19 @@ def test_a_loader_is_placed_by_the_layout_unless_told_otherwise():
     own = Loader(data, batch_size=4, rank=0, world_size=1)
     assert place(own, 1, 2) is own  # an explicit placement wins
     assert place([1, 2], 1, 2) == [1, 2]  # other data shards itself
+
+
+@pytest.mark.slow
+def test_compile_step_runs_under_a_layout(mesh1):
+    """compile_step with an fsdp layout (input cast installed outside the graph) equals eager."""
+    results = []
+    for compiled in (False, True):
+        _, state, step = _model_state_step(mesh1, "fsdp")
+        if compiled:
+            step = functrain.compile_step(step)
+        for batch in _batches():
+            state, _ = step(state, batch)
+        assert state.layout is not None
+        results.append(fdist.full_params(state.params))
+    for name, value in results[0].items():
+        torch.testing.assert_close(results[1][name], value, rtol=0, atol=1e-5)
