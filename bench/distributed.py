@@ -121,22 +121,20 @@ def mse_loss(model, batch):
 # -- the variants --------------------------------------------------------------------------------
 
 
-def make_runner(name: str, args) -> Runner:
-    """Build variant `name` (model, optimizer, step) on this rank."""
+def make_runner(name: str, args, mesh) -> Runner:
+    """Build variant `name` (model, optimizer, step) on this rank, on `mesh`."""
     import functrain
     from functrain import parallel as fdist
+    from functrain.parallel import mesh as fmesh
 
-    rank, world = fdist.data_parallel_info()
+    rank, world = fmesh.dp_rank(mesh), fmesh.dp_size(mesh)
     batch = local_batch(args.width, args.global_batch, rank, world)
     model = build_model(args.width, args.depth)
     if name.startswith("functrain"):
-        mesh = fdist.current_mesh()  # made once by the worker
         local = name == "functrain_local"  # the same step on this rank alone: no mesh
         opt = functrain.optim.adamw(1e-3)
-        if local:
-            fdist.set_current_mesh(None)
         plan = {
-            "functrain_local": None,
+            "functrain_local": "local",
             "functrain_ddp": "ddp",
             "functrain_fsdp": "fsdp",
             "functrain_fsdp_reshard": fdist.plans.fsdp(reshard_after_forward=True),
@@ -144,15 +142,12 @@ def make_runner(name: str, args) -> Runner:
         state = functrain.init(model, opt, seed=0, mesh=None if local else mesh, plan=plan)
         holder = {"state": state}
         step = functrain.make_step(model, mse_loss, opt, donate=True)
-        fdist.set_current_mesh(mesh)
 
         def run(n):
-            fdist.set_current_mesh(None if local else mesh)
             stamps = []
             for _ in range(n):
                 holder["state"], _ = step(holder["state"], batch)
                 stamps.append(time.perf_counter())
-            fdist.set_current_mesh(mesh)
             return stamps
 
         return Runner(name, run)
@@ -292,7 +287,7 @@ def worker(args) -> None:
     from functrain import parallel as fdist
 
     rank, world = fdist.init_distributed()
-    fdist.init_mesh(dp_shard=-1)  # data_parallel_info for the batch slices
+    mesh = fdist.init_mesh(dp_shard=-1)
     out = {"world": world, "variants": {}}
     param_bytes = sum(
         p.numel() * p.element_size() for p in build_model(args.width, args.depth).parameters()
@@ -305,8 +300,8 @@ def worker(args) -> None:
         return float(t)
 
     for name in VARIANTS:
-        memory = peak_rss(lambda name=name: make_runner(name, args), steps=4)
-        runner = make_runner(name, args)
+        memory = peak_rss(lambda name=name: make_runner(name, args, mesh), steps=4)
+        runner = make_runner(name, args, mesh)
         runner.run(2)
         with collective_counter() as counter:
             runner.run(args.count_steps)
@@ -319,7 +314,7 @@ def worker(args) -> None:
             "theory_bytes_per_step": THEORY[name] * (world - 1) / world * param_bytes,
         }
         runner.close()
-    runners = {name: make_runner(name, args) for name in VARIANTS}
+    runners = {name: make_runner(name, args, mesh) for name in VARIANTS}
     for runner in runners.values():
         runner.run(args.warmup)
     timing = interleave(runners, steps=args.steps, reps=args.reps)["variants"]

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
             run_dir=args.run_dir,
         )
     results = evaluate(step, state, test, metrics=["accuracy"])
-    rank, _ = functrain.parallel.data_parallel_info()
+    rank, _ = functrain.parallel.data_parallel_info(state.layout)
     if rank == 0:
         print(
             f"digits: test accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f} "

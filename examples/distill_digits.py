@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> dict:
     run = result.state  # a FitState: both states and the loop's position
     teacher_acc = functrain.evaluate(teacher, run.states["teacher"], test, metrics=["accuracy"])
     student_acc = functrain.evaluate(step, student_ema(run.states), test, metrics=["accuracy"])
-    if functrain.parallel.data_parallel_info()[0] == 0:
+    if functrain.parallel.data_parallel_info(run.states["student"].layout)[0] == 0:
         print(
             f"distill: teacher test accuracy {teacher_acc['accuracy']:.4f}, student (EMA, width "
             f"{args.student_width}) {student_acc['accuracy']:.4f} after {run.step} batches"

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
             run_dir=args.run_dir,
         )
     results = evaluate(step, state, test, metrics=["accuracy"])
-    if functrain.parallel.data_parallel_info()[0] == 0:
+    if functrain.parallel.data_parallel_info(state.layout)[0] == 0:
         print(
             f"fashion-mnist: test accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f} "
             f"after {state.step} steps"

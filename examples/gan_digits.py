@@ -57,10 +57,8 @@ def discriminator_loss(model, batch):
 
 def make_generator_loss(discriminator: torch.nn.Module):
     def generator_loss(model, batch):
-        """Generated images should fool the discriminator (whose weights come in the batch)."""
-        noise, disc_params = batch
-        # Sharded (FSDP) weights are gathered for the call; without a mesh this is the identity.
-        weights = functrain.parallel.gather_params(disc_params)
+        """Generated images should fool the discriminator (whose whole weights come in the batch)."""
+        noise, weights = batch
         logits = torch.func.functional_call(discriminator, weights, (model(noise),))
         return F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
 
@@ -81,7 +79,10 @@ def make_gan_step(generator, discriminator, g_opt, d_opt, num_images: int):
         noise = torch.randn(num_images, 2, LATENT, generator=key)[index]  # [n, 2, LATENT]
         fake = g_step.pieces.call_model(g_state, noise[:, 0])
         d_state, d_metrics = d_step(d_state, (real, fake))
-        g_state, g_metrics = g_step(g_state, (noise[:, 1], d_state.params))
+        # Sharded (FSDP) weights are gathered whole for the generator's loss, by the
+        # discriminator's own layout; without a mesh this is the identity.
+        d_weights = functrain.parallel.gather_params(d_state.params, d_state.layout)
+        g_state, g_metrics = g_step(g_state, (noise[:, 1], d_weights))
         metrics = {
             "d_loss": d_metrics["loss"],
             "g_loss": g_metrics["loss"],
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> dict:
     noise = torch.randn(500, LATENT, generator=torch.Generator().manual_seed(1))
     fake = g_step.pieces.call_model(run.states["generator"], noise)
     mean_gap = float((fake.mean(0) - images.mean(0)).abs().mean())
-    if functrain.parallel.data_parallel_info()[0] == 0:
+    if functrain.parallel.data_parallel_info(run.states["generator"].layout)[0] == 0:
         print(f"mean |E[fake] - E[real]| per pixel: {mean_gap:.3f} after {run.step} iterations")
     return {"states": run.states, "run": run, "mean_gap": mean_gap, "exit_code": result.exit_code}
 

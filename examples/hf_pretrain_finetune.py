@@ -162,7 +162,6 @@ def main(argv: list[str] | None = None) -> dict:
         milton = {k: milton[k] for k in ("paradise_regained",)}
     mesh = functrain.parallel.init_mesh() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
     plan = "ddp" if mesh is not None else None
-    rank = functrain.parallel.data_parallel_info()[0]
     vocab = CharVocab("".join(shakespeare.values()) + "".join(milton.values()))
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="functrain-hf-")
     pretrain_steps = 20 if args.quick else args.pretrain_steps
@@ -185,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     opt = functrain.optim.adamw(lr=3e-3 * schedules.cosine_annealing_with_warmup("50ba"),
                                 weight_decay=0.01)  # fmt: skip
     state = functrain.init(lm, opt, seed=args.seed, mesh=mesh, plan=plan)
+    rank = functrain.parallel.data_parallel_info(state.layout)[0]
     step = functrain.make_step(lm, lm_loss, opt)
     state = run_phase(step, state, lm_train, lm_val, steps=pretrain_steps, metrics=["perplexity"],
                       run_dir=args.run_dir, name="pretrain", quick=args.quick)  # fmt: skip

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     results = evaluate(step, state, val, metrics=["perplexity"])
     text_sample = sample(step, state, vocab, "\n", 40 if args.quick else 300, seed=args.seed)
-    if functrain.parallel.data_parallel_info()[0] == 0:
+    if functrain.parallel.data_parallel_info(state.layout)[0] == 0:
         print(f"shakespeare: validation loss {results['loss']:.3f} nats/char "
               f"(perplexity {results['perplexity']:.2f}) after {state.step} steps")  # fmt: skip
         print("sample:" + text_sample)

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch._dynamo
 
-from .parallel import compute as parallel_compute
+from .parallel import data_parallel_info
+from .parallel import running as parallel_running
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState
 from .step import Step
@@ -68,7 +69,7 @@ class CompiledStep:
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         state = self.step.init_state(state)
         batch = self.pieces.prepare(state, batch)
-        rank, _ = parallel_compute.data_parallel_info()
+        rank, _ = data_parallel_info(state.layout)
         seed = seed_for(state.rng, state.step, "forward", rank * 65536)
         # trace_autograd_ops lets dynamo trace `torch.autograd.grad` into the graph, so the
         # default ("autograd") gradients compile whole, BatchNorm's in-place statistics included
@@ -76,6 +77,8 @@ class CompiledStep:
         with (
             seeded_global_rng(seed, self.step._device_type),
             torch._dynamo.config.patch(trace_autograd_ops=True),
+            # the layout's input cast and TP forwards, installed outside the graph
+            parallel_running(self.step.model, state.layout),
         ):
             return self._compiled(state, batch)
 

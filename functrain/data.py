@@ -151,8 +151,10 @@ class Loader:
         multiprocessing_context: how workers start ("fork", "spawn", "forkserver"; None: the
             platform default). Use "spawn" when threads already run in the process (JAX, gRPC),
             since forking a multithreaded process can deadlock.
-        rank, world_size: this process's data-parallel rank and their number (default:
-            `functrain.parallel.compute.data_parallel_info()` when first iterated).
+        rank, world_size: this process's data-parallel rank and their number. Left out, `fit`,
+            `evaluate` and `predict` place the loader by their state's layout
+            (`functrain.parallel.data_parallel_info(state.layout)`); iterated by hand in a
+            process of a larger world, give them (a one-process world needs neither).
 
     Randomness inside the dataset (augmentations in `__getitem__`): DataLoader worker seeds are
     a function of `(seed, epoch, start batch, rank)`, so a run is reproducible; for a resumed run
@@ -221,14 +223,42 @@ class Loader:
         """The number of data-parallel ranks sharing each global batch."""
         return self._placement()[1]
 
+    @property
+    def placed_explicitly(self) -> bool:
+        """True when `rank` and `world_size` were given (not left to `fit`/`evaluate`)."""
+        return self._rank is not None and self._world_size is not None
+
+    def placed(self, rank: int, world_size: int) -> Loader:
+        """This loader with its rank and world size set (a copy; this one is unchanged).
+
+        `fit` calls it with the state's data-parallel coordinates when the loader was built
+        without them. A loader given its own `rank=`/`world_size=` keeps them.
+
+        Example:
+            >>> loader.placed(*functrain.parallel.data_parallel_info(state.layout))
+        """
+        if self.placed_explicitly:
+            return self
+        other = copy.copy(self)
+        other._rank, other._world_size = int(rank), int(world_size)
+        other._sampler = None
+        return other
+
     def _placement(self) -> tuple[int, int]:
         rank, world = self._rank, self._world_size
         if rank is None or world is None:
-            from .parallel.compute import data_parallel_info
+            import torch.distributed as dist
 
-            dp_rank, dp_world = data_parallel_info()
-            rank = dp_rank if rank is None else rank
-            world = dp_world if world is None else world
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                raise ValueError(
+                    f"this Loader has no rank/world_size and the process is one of "
+                    f"{dist.get_world_size()} ranks, so which slice of each batch is this rank's "
+                    "is unknown; pass it to fit/evaluate (which place it by the state's layout), "
+                    "or build it with Loader(..., rank=r, world_size=n) from "
+                    "functrain.parallel.data_parallel_info(state.layout)"
+                )
+            rank = 0 if rank is None else rank
+            world = 1 if world is None else world
         if not 0 <= rank < world:
             raise ValueError(f"rank must be in [0, world_size={world}), got {rank}")
         if self.batch_size % world:
@@ -345,6 +375,17 @@ class Loader:
         }
 
 
+def place(data: Any, rank: int, world_size: int) -> Any:
+    """`data` placed on data-parallel rank `rank` of `world_size` when it is a `Loader` built
+    without its own placement (a copy); any other data unchanged (it shards itself).
+
+    Example:
+        >>> for batch in place(loader, *functrain.parallel.data_parallel_info(state.layout)):
+        ...     ...
+    """
+    return data.placed(rank, world_size) if isinstance(data, Loader) else data
+
+
 class DataSource:
     """`fit`'s view of its training data: batches per epoch, positioned iteration, resume state.
 
@@ -353,15 +394,17 @@ class DataSource:
             `load_state_dict(d)` (or a loader whose `.dataset` has MosaicML StreamingDataset's
             `state_dict(num_samples, from_beginning)`), or any re-iterable of batches (resume
             replays and drops the batches before the resume point).
+        placement: `(dp_rank, dp_size)` of the state being trained; a `Loader` built without
+            its own rank and world size takes them (see `place`).
     """
 
-    def __init__(self, data: Any):
+    def __init__(self, data: Any, placement: tuple[int, int] | None = None):
         if isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
             raise TypeError(
                 "train_data must be a functrain.data.Loader, a DataLoader or another re-iterable "
                 f"of batches; got {type(data).__name__}"
             )
-        self.data = data
+        self.data = data if placement is None else place(data, *placement)
         self._loaded_state = False
         self._warned = False
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .batching import to_device
+from .data import place
 from .events import Context, Event, dispatch
 from .metrics import Mean, resolve_metrics
 from .state import TrainState
@@ -27,11 +28,27 @@ from .step_protocol import as_step
 __all__ = ["describe_batch", "evaluate", "predict"]
 
 
-def dp_info() -> tuple[int, int]:
-    """`(rank, world_size)` of data parallelism (`(0, 1)` without torch.distributed)."""
-    from .parallel.compute import data_parallel_info
+def dp_info(state: Any) -> tuple[int, int]:
+    """`(rank, world_size)` of data parallelism of `state` (`(0, 1)` without a layout).
 
-    return data_parallel_info()
+    `state` is a TrainState, None, or a pytree of TrainStates (multi-model training), whose
+    layouts must agree on the data-parallel coordinates, since the states read the same batches.
+    """
+    import optree
+
+    from .parallel import data_parallel_info
+    from .tree import NAMESPACE
+
+    states = optree.tree_leaves(
+        state, is_leaf=lambda x: isinstance(x, TrainState), namespace=NAMESPACE
+    )
+    found = {data_parallel_info(s.layout) for s in states if isinstance(s, TrainState)}
+    if len(found) > 1:
+        raise ValueError(
+            f"the states are laid out on different data-parallel worlds {sorted(found)}; states "
+            "trained together must share one mesh (init each with the same mesh=)"
+        )
+    return found.pop() if found else (0, 1)
 
 
 def state_device(state: Any) -> torch.device | None:
@@ -173,7 +190,7 @@ def run_eval(
     ctx.eval_metrics = {}
     emit(Event.EVAL_START)
     with _EvalMode(module), torch.no_grad():
-        for batch in data:
+        for batch in place(data, ctx.rank, ctx.world_size):  # a Loader: this rank's slices
             if device is not None:
                 batch = to_device(batch, device, non_blocking=True)
             ctx.batch, ctx.outputs = batch, None
@@ -247,7 +264,7 @@ def evaluate(
         >>> evaluate(step, state, test_loader, metrics=["accuracy"])
         {'loss': 0.08, 'accuracy': 0.975}
     """
-    rank, world = dp_info()
+    rank, world = dp_info(state)
     callbacks = list(callbacks)
     ctx = Context(state=state, rank=rank, world_size=world)
     device = state_device(state) if state is not None else None
@@ -295,7 +312,7 @@ def predict(
     Example:
         >>> logits = torch.cat(predict(step, state, test_loader))
     """
-    rank, world = dp_info()
+    rank, world = dp_info(state)
     callbacks = list(callbacks)
     ctx = Context(state=state, rank=rank, world_size=world)
     device = state_device(state) if state is not None else None
@@ -304,7 +321,7 @@ def predict(
     outputs_all = []
     dispatch(Event.PREDICT_START, callbacks, ctx)
     with _EvalMode(module), torch.no_grad():
-        for batch in data:
+        for batch in place(data, rank, world):  # a Loader: this rank's slices
             if device is not None:
                 batch = to_device(batch, device, non_blocking=True)
             ctx.batch, ctx.outputs = batch, None

@@ -73,7 +73,7 @@ class FitRun:
         if self.multi and not isinstance(state, FitState):
             state = FitState(states=state)
         self.state = state  # the one copy of the run's state; ctx.state reads it
-        self.source = DataSource(train_data)
+        self.source = DataSource(train_data, placement=dp_info(state))  # the state's dp slice
         self.eval_every = Every(options.eval_interval)
         self.log_every = Every(options.log_interval)
         self.checkpoints = checkpoint_manager(options.checkpoints)
@@ -89,7 +89,7 @@ class FitRun:
             loggers.append(JSONLLogger())  # <run_dir>/metrics.jsonl, for functrain.plot
         self.callbacks = list(options.callbacks) + loggers
         self.names = unique_names(self.callbacks)
-        self.rank, self.world_size = dp_info()
+        self.rank, self.world_size = dp_info(state)
         self.device = state_device(state)
         self.ctx = Context(
             run=self,

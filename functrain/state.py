@@ -1,7 +1,8 @@
 """`TrainState`: everything a run is, as one frozen pytree, and `init` to build it from a model.
 
 Only tensors and plain scalars are leaves, so every part of the state saves and loads by its path
-(`params.fc.weight`, `opt_state.1.mu.fc.weight`, `timestamp.batch`, ...).
+(`params.fc.weight`, `opt_state.1.mu.fc.weight`, `timestamp.batch`, ...). The state's `layout`
+(how its parameters sit on a device mesh) is static metadata of the tree, not a leaf.
 
 Example:
     >>> model = torch.nn.Linear(3, 2)
@@ -19,7 +20,7 @@ import torch
 
 from .rng import RngState
 from .time import Timestamp
-from .tree import fast_replace, register_dataclass
+from .tree import fast_replace, register_dataclass, static_field
 
 
 @register_dataclass
@@ -38,6 +39,10 @@ class TrainState:
         timestamp: the epoch/batch/sample/token counters and the run's horizon.
         extra: `{name: pytree}` for anything else that must checkpoint (callback state, the data
             position); plain scalars and tensors only.
+        layout: the `functrain.parallel.Layout` of the params (mesh, per-parameter policies,
+            buckets, data-parallel coordinates) or None (one process, no sharding). Static: not
+            a leaf, so `tree_map`, `replace` and loading into a `like` state keep it, and no
+            checkpoint stores it.
     """
 
     step: int
@@ -48,6 +53,7 @@ class TrainState:
     algo_state: dict[str, Any] = dataclasses.field(default_factory=dict)
     timestamp: Timestamp = dataclasses.field(default_factory=Timestamp)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    layout: Any = static_field(None)
 
     def replace(self, **changes: Any) -> TrainState:
         """A copy with some fields changed (the state itself is never modified)."""
@@ -78,10 +84,13 @@ def init(
             `state.params` but get no optimizer state and are never updated.
         optimizer: a `functrain.optim.Transform`.
         seed: the run's seed; every random choice derives from it.
-        mesh: a device mesh from `functrain.parallel.init_mesh` (None: one process, no sharding).
-        plan: a sharding plan name ("ddp", "fsdp", "hsdp", "tp", ...) or object; needs `mesh`.
+        mesh: a device mesh from `functrain.parallel.init_mesh`. None: one process, no
+            sharding; under a launcher (WORLD_SIZE > 1), data-parallel over all ranks.
+        plan: a sharding plan name ("ddp", "fsdp", "hsdp", "tp", ...) or a `Plan` (None: "ddp"
+            when there is a mesh). With no mesh, the mesh is `init_mesh()` (all ranks).
+            "local": no distribution even under a launcher (each rank trains on its own).
     Returns:
-        the initial `TrainState` at step 0.
+        the initial `TrainState` at step 0, its `layout` set when the params were placed.
     Example:
         >>> state = init(torch.nn.Linear(4, 2), functrain.optim.sgd(lr=0.1), seed=0)
     """
@@ -93,10 +102,12 @@ def init(
             f"functrain.optim.adamw(lr=1e-3)), got {type(optimizer).__name__}"
         )
     params = {name: p.detach() for name, p in model.named_parameters()}
-    if mesh is not None or plan is not None:
-        from .parallel.plans import shard_params  # local import: dist pulls torch.distributed
+    layout = None
+    from .parallel.plans import default_placement, shard_params
 
-        params = shard_params(model, params, mesh=mesh, plan=plan, seed=seed)
+    mesh, plan = default_placement(mesh, plan)
+    if mesh is not None:
+        params, layout = shard_params(model, params, mesh=mesh, plan=plan, seed=seed)
     # After sharding: a meta-device model gets its buffers materialised there.
     buffers = {name: b.detach() for name, b in model.named_buffers()}
     trainable = set(trainable_names(model))
@@ -107,4 +118,5 @@ def init(
         buffers=buffers,
         opt_state=opt_state,
         rng=RngState(seed=int(seed)),
+        layout=layout,
     )

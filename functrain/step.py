@@ -48,8 +48,9 @@ from . import precision as precision_lib
 from .batching import num_samples, split_batch
 from .optim import apply_updates, current_lr, global_norm
 from .optim._foreach import is_dtensor, placed_alike
+from .parallel import InFlight, data_parallel_info, norms
 from .parallel import compute as parallel_compute
-from .parallel.reshard import gathering_at_use
+from .parallel import running as parallel_running
 from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
 from .rng import seed_for, seeded_global_rng
 from .state import TrainState, trainable_names
@@ -157,8 +158,12 @@ class Step:
 
     def call_model(self, state: TrainState, *args, **kwargs):
         """Run the model with `state`'s params and buffers, without gradients."""
-        tensors = {**parallel_compute.gather_params(state.params), **state.buffers}
-        with torch.no_grad(), gathering_at_use():
+        layout, inflight = state.layout, InFlight(state.layout)
+        tensors = {
+            **parallel_compute.gather_params(state.params, layout, inflight),
+            **state.buffers,
+        }
+        with torch.no_grad(), parallel_running(self.model, layout, inflight):
             return torch.func.functional_call(
                 self._call_module, _prefixed("model.", tensors), args, kwargs
             )
@@ -191,25 +196,31 @@ class Step:
                     return False
         return True
 
-    def _forward_loss(self, pieces: StepPieces, params, buffers, batch, in_place: bool = False):
-        """`pieces.loss` run with `params` and `buffers` swapped into the model."""
+    def _forward_loss(
+        self, pieces: StepPieces, params, buffers, batch, in_place=False, layout=None, inflight=None
+    ):
+        """`pieces.loss` run with `params` and `buffers` swapped into the model (under `layout`)."""
         if in_place:  # the model already holds exactly these tensors
             return self._loss_module(batch, pieces.loss)
 
         tensors = _prefixed("model.", {**params, **buffers})
-        with gathering_at_use():  # FSDP with reshard_after_forward: modules gather at use
+        with parallel_running(self.model, layout, inflight):  # input cast, TP, gather at use
             return torch.func.functional_call(
                 self._loss_module, tensors, (batch, pieces.loss), tie_weights=True
             )
 
     def _grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
         config = self.config
-        rank, _ = parallel_compute.data_parallel_info()
+        layout = state.layout
+        inflight = InFlight(layout)  # this forward/backward's reductions and gathers at use
+        rank, _ = data_parallel_info(layout)
         buffers = state.buffers
         if not config.donate:  # BatchNorm updates its statistics in place: work on copies
             buffers = {k: v.clone() for k, v in buffers.items()}
         frozen = parallel_compute.gather_params(
-            {k: v for k, v in state.params.items() if k not in self._trainable_set}
+            {k: v for k, v in state.params.items() if k not in self._trainable_set},
+            layout,
+            inflight,
         )
         microbatches = split_batch(batch, self._microbatch) if self._microbatch else [batch]
         weights = _microbatch_weights(microbatches, config)
@@ -226,8 +237,9 @@ class Step:
                     precision_lib.autocast_context(config.precision, self._device_type),
                 ):
                     loss, aux = self._forward_loss(
-                        pieces, {**frozen, **compute}, buffers, microbatch, in_place
-                    )
+                        pieces, {**frozen, **compute}, buffers, microbatch, in_place, layout,
+                        inflight,
+                    )  # fmt: skip
                 value = loss.float() * weight
                 return (value * scale if scale is not None else value), (loss, aux)
 
@@ -238,7 +250,7 @@ class Step:
         ]
         source = self._module_params if in_place else state.params
         if config.grad_mode == "func":
-            grads, outs = self._func_grads(source, objectives)
+            grads, outs = self._func_grads(source, objectives, layout)
         else:
             # The model's own Parameters already require grad; other tensors get fresh leaves.
             leaves = {
@@ -246,12 +258,14 @@ class Step:
                 for k in self._trainable
             }
             # One gather and one reduction per step, however many microbatches.
-            grads, outs = parallel_compute.accumulate_grads(leaves, objectives)
+            grads, outs = parallel_compute.accumulate_grads(leaves, objectives, layout, inflight)
         total_loss = sum(loss.detach().float() * w for (_, (loss, _)), w in zip(outs, weights))
         aux = outs[-1][1][1]
         if scale is not None:
             grads = torch._foreach_div(grads, scale)
-        grads = parallel_compute.finalize_grads(dict(zip(self._trainable, grads)), state.params)
+        grads = parallel_compute.finalize_grads(
+            dict(zip(self._trainable, grads)), state.params, layout, inflight
+        )
         return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
 
     def _forward_rng(self, state: TrainState, rank: int, index: int):
@@ -261,14 +275,14 @@ class Step:
         seed = seed_for(state.rng, state.step, "forward", rank * 65536 + index)
         return seeded_global_rng(seed, self._device_type)
 
-    def _func_grads(self, source: dict, objectives: list) -> tuple[list, list]:
+    def _func_grads(self, source: dict, objectives: list, layout) -> tuple[list, list]:
         """Gradients by `torch.func.grad`, summed over the microbatches' objectives."""
         leaves = {k: source[k] for k in self._trainable}
         total, outs = None, []
         for objective in objectives:
 
             def with_aux(leaves, objective=objective):
-                value, rest = objective(parallel_compute.gather_params(leaves))
+                value, rest = objective(parallel_compute.gather_params(leaves, layout))
                 return value, (value.detach(), rest)
 
             grads, out = torch.func.grad(with_aux, has_aux=True)(leaves)
@@ -352,7 +366,7 @@ class Step:
             key = precision_lib.LOSS_SCALE_KEY
             scale = precision_lib.update_loss_scale(state.algo_state[key], finite)
             new_state = new_state.replace(algo_state={**new_state.algo_state, key: scale})
-        _, world = parallel_compute.data_parallel_info()
+        _, world = data_parallel_info(state.layout)
         samples = num_samples(batch) * world
         tokens = int(self.config.count_tokens(batch)) * world if self.config.count_tokens else 0
         new_state = new_state.replace(
@@ -363,7 +377,7 @@ class Step:
             **{
                 k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
             },
-            "loss": parallel_compute.mean_over_data_parallel(result.loss),
+            "loss": parallel_compute.mean_over_data_parallel(result.loss, state.layout),
             "grad_norm": grad_norm.detach(),
             "lr": current_lr(new_state.opt_state),
             "samples": samples,
@@ -372,9 +386,7 @@ class Step:
         if finite is not None:
             metrics["skipped"] = ~finite
         if self.config.report_grad_norms:
-            metrics["grad_norms"] = {
-                k: torch.linalg.vector_norm(g.detach()) for k, g in result.grads.items()
-            }
+            metrics["grad_norms"] = norms(result.grads)  # whole-tensor norms under sharding
         return new_state, metrics
 
     def _run_grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:

@@ -119,8 +119,23 @@ def fast_replace(obj: Any, changes: dict[str, Any]) -> Any:
     return new
 
 
+def static_field(default: Any = None) -> Any:
+    """A dataclass field that `register_dataclass` keeps as static metadata, not as a child.
+
+    A static field is part of the tree's structure (its treespec), like a dict's keys: it is no
+    leaf, so `tree_map` and `tree_leaves` never see it, `tree_map` over several trees requires it
+    to be equal in all of them and copies it into the result, and a checkpoint (which stores
+    leaves by path) never stores it; loading into a `like` tree keeps `like`'s.
+    """
+    import dataclasses
+
+    return dataclasses.field(default=default, metadata={"static": True})
+
+
 def register_dataclass(cls: type) -> type:
     """Register a frozen dataclass as a pytree node whose children are its fields, by name.
+
+    Fields made with `static_field()` are kept in the treespec instead (see there).
 
     Example:
         >>> @register_dataclass
@@ -131,13 +146,19 @@ def register_dataclass(cls: type) -> type:
     """
     import dataclasses
 
-    names = tuple(f.name for f in dataclasses.fields(cls))
+    fields = dataclasses.fields(cls)
+    names = tuple(f.name for f in fields if not f.metadata.get("static"))
+    static = tuple(f.name for f in fields if f.metadata.get("static"))
 
     def flatten(obj):
-        return tuple(getattr(obj, n) for n in names), None, names
+        return (
+            tuple(getattr(obj, n) for n in names),
+            tuple(getattr(obj, n) for n in static),
+            names,
+        )
 
-    def unflatten(_meta, children):
-        return cls(**dict(zip(names, children)))
+    def unflatten(meta, children):
+        return cls(**dict(zip(names, children)), **dict(zip(static, meta)))
 
     optree.register_pytree_node(
         cls, flatten, unflatten, namespace=NAMESPACE, path_entry_type=optree.GetAttrEntry

@@ -64,7 +64,6 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: late.append(signum))
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
     mesh = functrain.parallel.init_mesh() if multi else None
-    rank = functrain.parallel.data_parallel_info()[0]
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=generator)
     data = torch.utils.data.TensorDataset(x, x @ torch.ones(4, 1))
@@ -72,6 +71,7 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = functrain.optim.adamw(lr=1e-2)
     state = functrain.init(model, opt, seed=0, mesh=mesh, plan="ddp" if multi else None)
+    rank = functrain.parallel.data_parallel_info(state.layout)[0]
     step = functrain.make_step(model, loss_fn, opt)
     with Manager(args.root, every="5ba", keep_last=2) as manager:
         result = functrain.fit(

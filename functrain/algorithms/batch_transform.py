@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..functional.batch import get_item, set_item
-from ..parallel.compute import data_parallel_info
+from ..parallel import data_parallel_info
 from ..rng import key_for
 from ..state import TrainState
 from ..step import Algorithm, StepPieces
@@ -30,7 +30,7 @@ from .mixed_targets import resolving_loss
 
 def step_generator(state: TrainState, purpose: str) -> torch.Generator:
     """The generator for `purpose`'s draws at this step on this data-parallel rank."""
-    rank, _ = data_parallel_info()
+    rank, _ = data_parallel_info(state.layout)
     return key_for(state.rng, state.step, purpose, rank)
 
 

@@ -32,7 +32,7 @@ from ..functional.selective_backprop import (
     select_indices_using_loss,
     should_selective_backprop,
 )
-from ..parallel.compute import data_parallel_info
+from ..parallel import data_parallel_info
 from ..rng import seed_for, seeded_global_rng
 from ..step import Algorithm, StepPieces
 from .batch_transform import elapsed_duration, step_generator
@@ -90,7 +90,7 @@ def selective_backprop(
             inputs, targets = get_item(batch, input_key), get_item(batch, target_key)
             check_plain_target(targets, "selective_backprop")
             scoring_state = state.replace(buffers={k: v.clone() for k, v in state.buffers.items()})
-            rank, _ = data_parallel_info()
+            rank, _ = data_parallel_info(state.layout)
             seed = seed_for(state.rng, state.step, "selective_backprop/forward", rank)
             device = inputs.device
 

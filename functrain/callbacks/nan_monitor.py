@@ -6,6 +6,10 @@ each step only *records*, on the device, the first step at which each watched me
 monitor's own interval) and at the end of every epoch and of the run. The message names the exact
 step even though it is read later.
 
+On several ranks the check is global: a metric that went bad on any rank (a per-rank auxiliary
+metric, say) trips the monitor on every rank at the same check, with the same step, so the ranks
+stop or raise together instead of one rank leaving the others waiting in a collective.
+
 Example:
     >>> functrain.fit(step, state, loader, duration="1ep", callbacks=[NaNMonitor()])  # doctest: +SKIP
     NonFiniteError: 'loss' is nan at step 17 (epoch 0, batch 17 of the epoch) ...
@@ -24,6 +28,24 @@ from .interval import LogCadence
 
 class NonFiniteError(FloatingPointError):
     """A watched training metric became NaN or infinite."""
+
+
+_NEVER = 2**62  # "no bad step yet", as a number the minimum over ranks ignores
+
+
+def _earliest_over_ranks(steps: list[int]) -> list[int]:
+    """Each metric's first bad step over all ranks (-1: none); the list itself on one process."""
+    import torch.distributed as dist
+
+    if not steps or not (dist.is_available() and dist.is_initialized()):
+        return steps
+    if dist.get_world_size() == 1:
+        return steps
+    local = torch.tensor([s if s >= 0 else _NEVER for s in steps], dtype=torch.int64)
+    if dist.get_backend() == "nccl":  # NCCL alone cannot reduce a CPU tensor
+        local = local.cuda()
+    dist.all_reduce(local, op=dist.ReduceOp.MIN)  # every rank checks at the same steps
+    return [s if s != _NEVER else -1 for s in local.tolist()]
 
 
 class NaNMonitor:
@@ -101,6 +123,8 @@ class NaNMonitor:
         for group in by_device.values():  # one host read per device
             keys += group
             steps += torch.stack([self._first_step[k] for k in group]).tolist()
+        mine = dict(zip(keys, steps))
+        steps = _earliest_over_ranks(steps)
         bad = [
             (step, index, key) for index, (key, step) in enumerate(zip(keys, steps)) if step >= 0
         ]
@@ -108,7 +132,10 @@ class NaNMonitor:
             self._epoch_of.clear()  # a later first bad step can only be a later step
             return
         step, _, key = min(bad)  # the earliest step; monitor order breaks ties
-        value = float(self._first_value[key])
+        if mine[key] == step:
+            value: Any = float(self._first_value[key])
+        else:
+            value = "non-finite on another rank"
         epoch, batch_in_epoch = self._epoch_of.get(step, (None, None))
         where = (
             f" (epoch {epoch}, batch {batch_in_epoch} of the epoch)" if epoch is not None else ""

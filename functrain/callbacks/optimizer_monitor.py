@@ -7,6 +7,10 @@ received, before clipping); without it only the global `metrics["grad_norm"]` is
 a group are `sqrt(sum of its members' squared norms)`. Everything is computed on the device and
 read in one transfer, on logging steps only.
 
+Sharded parameters (FSDP, TP) count whole: the norms are of the full tensors, the same on every
+rank (`functrain.parallel.norms`: one all-reduce per mesh dim for all the parameters), so the
+monitor reports what a single-process run would. Every rank must run it (callbacks do).
+
 Example:
     >>> step = functrain.make_step(model, loss_fn, opt, report_grad_norms=True)
     >>> functrain.fit(step, state, loader, duration="1ep",
@@ -23,6 +27,7 @@ from typing import Any
 import torch
 
 from ..loggers.base import to_floats
+from ..parallel import full_value, norms
 from ..time import TimeLike
 from .interval import LogCadence
 
@@ -53,23 +58,20 @@ def group_of(name: str, group_by: GroupBy) -> str:
     )
 
 
-def _squared_norm(tensor: torch.Tensor) -> torch.Tensor:
-    norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32)
-    if hasattr(norm, "full_tensor"):  # a DTensor's norm: the global value
-        norm = norm.full_tensor()
-    return norm.square()
-
-
 def group_norms(
     norms_or_tensors: Mapping[str, torch.Tensor], group_by: GroupBy, *, are_norms: bool
 ) -> dict[str, torch.Tensor]:
-    """`{group: 0-d norm tensor}` from per-parameter tensors (or their norms), on the device."""
+    """`{group: 0-d norm tensor}` from per-parameter tensors (or their norms), on the device.
+
+    Tensors that are DTensors count as the whole tensor (a collective: call on every rank).
+    """
+    if are_norms:
+        values = {k: full_value(torch.as_tensor(v)) for k, v in norms_or_tensors.items()}
+    else:
+        values = norms(norms_or_tensors)  # whole-tensor norms, one reduction for all
     squares: dict[str, list[torch.Tensor]] = {}
-    for name, value in norms_or_tensors.items():
-        value = torch.as_tensor(value)
-        square = value.detach().float().square() if are_norms else _squared_norm(value)
-        if hasattr(square, "full_tensor"):
-            square = square.full_tensor()
+    for name, value in values.items():
+        square = value.detach().float().square()
         squares.setdefault(group_of(name, group_by), []).append(square.reshape(()))
     return {group: torch.stack(parts).sum().sqrt() for group, parts in squares.items()}
 

@@ -1,58 +1,62 @@
-"""Distribution: device meshes, sharding plans and the step's collectives.
+"""Distribution: device meshes, sharding plans, the `Layout` value and the step's collectives.
 
     mesh = functrain.parallel.init_mesh(dp_shard=-1)          # torchrun's world, or one process
     state = functrain.init(model, opt, seed=0, mesh=mesh, plan="fsdp")
-    step = functrain.make_step(model, loss_fn, opt)       # unchanged: the step reads the placements
+    state.layout                                          # the Layout: mesh, policies, buckets
+    step = functrain.make_step(model, loss_fn, opt)       # unchanged: the step reads state.layout
 
 Plans: "ddp", "fsdp", "hsdp", "tp", "tp+fsdp" (and "tp+ddp", "tp+hsdp"), or a `Plan` with mixed
-precision (`fsdp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`). See `plans`.
+precision (`fsdp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`); "local" for none.
+Under a launcher, `init` without a mesh trains data-parallel over all ranks. See `plans`.
+
+Nothing here keeps process-wide state except the collective counter `COUNTER`: the layout is a
+value in the state, and what one step has in flight lives in that step's `InFlight`.
 """
 
 from ..optim.base import global_norm  # the cross-shard norm, one implementation for both
+from .collectives import InFlight
 from .comm import COUNTER, CommCounter, ring_bytes
 from .compute import (
     accumulate_grads,
-    data_parallel_info,
     finalize_grads,
-    full_params,
     gather_params,
     mean_over_data_parallel,
     reduce_local_grads,
 )
-from .mesh import (
-    MESH_DIMS,
-    current_mesh,
-    dp_group,
-    init_distributed,
-    init_mesh,
-    set_current_mesh,
-    shutdown,
-)
-from .plans import Plan, ddp, fsdp, hsdp, resolve_plan, shard_params, tp
+from .layout import Layout, ParamPolicy, data_parallel_info
+from .mesh import MESH_DIMS, dp_group, init_distributed, init_mesh, shutdown
+from .plans import LOCAL, Plan, ddp, fsdp, hsdp, resolve_plan, shard_params, tp
+from .running import running
+from .views import full_params, full_value, norms
 
 __all__ = [
     "COUNTER",
     "CommCounter",
+    "InFlight",
+    "LOCAL",
+    "Layout",
     "MESH_DIMS",
+    "ParamPolicy",
     "Plan",
     "accumulate_grads",
-    "current_mesh",
     "data_parallel_info",
     "ddp",
     "dp_group",
     "finalize_grads",
     "fsdp",
     "full_params",
+    "full_value",
     "gather_params",
     "global_norm",
     "hsdp",
     "init_distributed",
     "init_mesh",
     "mean_over_data_parallel",
+    "norms",
     "reduce_local_grads",
     "resolve_plan",
     "ring_bytes",
-    "set_current_mesh",
+    "running",
     "shard_params",
     "shutdown",
     "tp",

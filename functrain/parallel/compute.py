@@ -1,273 +1,93 @@
 """The step's view of distribution: gather parameters for compute, reduce gradients and metrics.
 
-Parameters on a mesh are DTensors (see `plans`). Inside the step:
+Parameters on a mesh are DTensors, placed by the state's `Layout` (see `plans`, `layout`). Inside
+the step, with `layout = state.layout` and one `InFlight` per forward/backward:
 
-    compute = gather_params(leaves)          # whole local tensors; FSDP: one all-gather per bucket
-    loss = functional_call(model, compute)   # plain local compute (TP layers sum over `tp`)
-    grads = torch.autograd.grad(loss, leaves)   # backward reduces each bucket as soon as it is
-    grads = finalize_grads(grads, params)        # ready: reduce-scatter (FSDP) / all-reduce (DDP)
+    inflight = InFlight(layout)
+    compute = gather_params(leaves, layout, inflight)   # whole local tensors; FSDP: one
+                                                        # all-gather per bucket
+    with running(model, layout, inflight):
+        loss = functional_call(model, compute)          # plain local compute (TP layers sum
+                                                        # over `tp`)
+    grads = torch.autograd.grad(loss, leaves)    # backward reduces each bucket as soon as it
+    grads = finalize_grads(grads, params, layout, inflight)   # is ready: reduce-scatter (FSDP)
+                                                              # / all-reduce (DDP)
 
 The reduction is an explicit autograd function per bucket of parameters (flat buffers, see
-`flat`), launched asynchronously from the backward pass and awaited when that pass ends, so
-communication overlaps the rest of the backward pass as in DDP. Gradients come back placed like
-the parameters and averaged over the data-parallel ranks. Without DTensors (one process, no mesh)
-every function here is the identity, so the step has one code path.
+`flat` and `collectives`), launched asynchronously from the backward pass and finished when that
+pass ends, so communication overlaps the rest of the backward pass as in DDP. Gradients come back
+placed like the parameters and averaged over the data-parallel ranks. With no layout (one
+process, no mesh) every function here is the identity, so the step has one code path.
 
 Example:
-    >>> compute = gather_params(leaves)
+    >>> compute = gather_params(leaves, state.layout)
     >>> grads = dict(zip(leaves, torch.autograd.grad(loss_of(compute), list(leaves.values()))))
-    >>> grads = finalize_grads(grads, state.params)
+    >>> grads = finalize_grads(grads, state.params, state.layout)
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor
 
-from . import comm, flat, reshard
-from .mesh import (
-    MESH_DIMS,
-    current_mesh,
-    dim_group,
-    dim_rank,
-    dim_size,
-    dp_group,
-    dp_rank,
-    dp_size,
-)
+from . import comm, reshard
+from .collectives import BucketCollective, InFlight, gather_bucket, prefetch, reduce_bucket
+from .layout import Layout
 
-
-@dataclasses.dataclass(frozen=True)
-class ParamPolicy:
-    """Per-parameter communication settings recorded by `plans.shard_params`.
-
-    Attributes:
-        param_dtype: dtype parameters are gathered and computed in (None: their own).
-        reduce_dtype: dtype gradients are reduced in (None: the compute dtype).
-        bucket_bytes: bytes per flat bucket.
-    """
-
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
-    bucket_bytes: int = 25 << 20
-    reshard: bool = False
-
-    @classmethod
-    def from_plan(cls, plan) -> ParamPolicy:
-        return cls(
-            plan.param_dtype,
-            plan.reduce_dtype,
-            int(plan.bucket_mb * (1 << 20)),
-            plan.reshard_after_forward,
-        )
-
-
-_policies: dict[str, ParamPolicy] = {}
 _AT_USE = object()  # a bucket that `reshard` gathers when its module runs
-_layouts: dict[tuple, list[flat.Bucket]] = {}
-_pending: list = []  # (work, finish) of reductions launched by the current backward pass
-_callback_queued = False
-
-
-def register_policies(policies: dict[str, ParamPolicy]) -> None:
-    """Record the communication settings of parameters by name (the latest plan wins)."""
-    _policies.update(policies)
-    _layouts.clear()
 
 
 def _is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
 
 
-def _mesh_of(params: dict) -> Any:
-    for value in params.values():
+def _no_layout(params: Mapping[str, Any], what: str) -> None:
+    """A clear error when DTensors arrive without the layout that placed them."""
+    for name, value in params.items():
         if _is_dtensor(value):
-            return value.device_mesh
-    return None
+            raise ValueError(
+                f"{what}: parameter {name!r} is a DTensor but no layout was given; pass the "
+                "state's layout (state.layout, made by functrain.init(..., mesh=, plan=))"
+            )
+
+
+def _check_layout(layout: Any) -> Layout:
+    if not isinstance(layout, Layout):
+        raise TypeError(
+            f"expected a functrain.parallel.Layout (state.layout) or None, got "
+            f"{type(layout).__name__}"
+        )
+    return layout
+
+
+def _local_pieces(bucket, params: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The bucket's local pieces, checked against the layout (a state from another model or
+    layout would otherwise be packed at the wrong offsets)."""
+    pieces = []
+    for slot in bucket.slots:
+        value = params[slot.name]
+        local = value.to_local()  # differentiable: gradients flow back to the DTensor
+        if local.shape != slot.local_shape or local.dtype != bucket.param_dtype:
+            raise ValueError(
+                f"parameter {slot.name!r} has a local piece of shape {tuple(local.shape)} and "
+                f"dtype {local.dtype}, but its layout expects {slot.local_shape} and "
+                f"{bucket.param_dtype}: the parameters and the layout come from different "
+                "states; pass the layout of the state the parameters belong to"
+            )
+        pieces.append(local)
+    return pieces
 
 
 # -- gathering --------------------------------------------------------------------------------
 
 
-def _layout(params: dict[str, DTensor], mesh) -> list[flat.Bucket]:
-    """The buckets for these parameters (cached on names, shapes, placements and dtypes)."""
-    key = (mesh,) + tuple(
-        (name, tuple(p.shape), p.placements, p.dtype, p.requires_grad) for name, p in params.items()
-    )
-    layout = _layouts.get(key)
-    if layout is not None:
-        return layout
-    for name, p in params.items():
-        _check_placements(name, p)
-    n = dim_size(mesh, "dp_shard")
-    rank = dim_rank(mesh, "dp_shard")
-    entries = []
-    cap = None
-    for name, p in params.items():
-        policy = _policies.get(name, ParamPolicy())
-        cap = policy.bucket_bytes if cap is None else cap
-        compute_dtype = policy.param_dtype or p.dtype
-        reduce_dtype = policy.reduce_dtype or compute_dtype
-        local_shape = tuple(p.to_local().shape)
-        shard = p.placements[1]
-        if isinstance(shard, Shard) and n > 1:
-            compute_shape = list(local_shape)
-            compute_shape[shard.dim] = p.shape[shard.dim]
-            slot = flat.make_slot(name, tuple(compute_shape), shard.dim, n, rank, 0)
-            mode = "shard"
-            if policy.reshard and p.requires_grad:  # one bucket per module: gathered at use
-                mode += "/reshard=" + name.rpartition(".")[0]
-        else:
-            slot = flat.make_slot(name, local_shape, None, 1, 0, 0)
-            mode = "replicate"
-        # frozen parameters never need a gradient bucket: keep them apart
-        entries.append(
-            (
-                slot,
-                mode if p.requires_grad else mode + "/frozen",
-                compute_dtype,
-                reduce_dtype,
-                p.dtype,
-            )
-        )
-    layout = flat.build_buckets(entries, cap or (25 << 20))
-    if len(_layouts) >= 64:  # a few parameter sets per run; never grow without bound
-        _layouts.clear()
-    _layouts[key] = layout
-    return layout
-
-
-def _check_placements(name: str, p: DTensor) -> None:
-    mesh = p.device_mesh
-    if tuple(mesh.mesh_dim_names or ()) != MESH_DIMS:
-        raise ValueError(
-            f"parameter {name} is a DTensor on a mesh with dims {mesh.mesh_dim_names}; functrain "
-            f"expects {MESH_DIMS} (place parameters with functrain.init(..., mesh=, plan=))"
-        )
-    if any(isinstance(pl, Partial) for pl in p.placements):
-        raise ValueError(f"parameter {name} has a Partial placement; parameters must be whole")
-    if not isinstance(p.placements[0], Replicate):
-        raise ValueError(
-            f"parameter {name} is sharded on dp_replicate ({p.placements[0]}); that dim only "
-            "replicates (shard on dp_shard instead)"
-        )
-
-
-def _device(params: dict) -> torch.device:
-    return next(iter(params.values())).device
-
-
-class _BucketCollective(torch.autograd.Function):
-    """Local pieces -> whole compute tensors; backward reduces the gradients of the bucket.
-
-    Forward: "shard" waits for the prefetched all-gather and unpacks it; "replicate" casts.
-    Backward: packs the gradients into one flat buffer, launches one reduce-scatter (then an
-    all-reduce over `dp_replicate` for HSDP) or one all-reduce, and returns tensors that the
-    end-of-backward callback fills once the collective has finished.
-    """
-
-    @staticmethod
-    def forward(ctx, bucket, mesh, prefetched, *locals_):
-        ctx.bucket, ctx.mesh = bucket, mesh
-        ctx.regather_key = id(locals_[0])  # see `reshard`: what the backward pass gathered again
-        return tuple(_gather_bucket(bucket, locals_, prefetched))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        reshard.release(ctx.regather_key)  # every use of the bucket's params is behind us
-        results = _reduce_bucket(ctx.bucket, ctx.mesh, list(grads))
-        return (None, None, None, *results)
-
-
-def _prefetch(bucket: flat.Bucket, mesh, locals_: list[torch.Tensor]):
-    """Start the all-gather of a "shard" bucket; return `(work, gathered)`."""
-    send = locals_[0].new_empty(bucket.segment, dtype=bucket.compute_dtype)
-    flat.pack_shards(bucket, locals_, send)
-    gathered = send.new_empty(bucket.n * bucket.segment)
-    work = comm.all_gather_into(gathered, send, dim_group(mesh, "dp_shard"), async_op=True)
-    return work, gathered
-
-
-def _gather_bucket(bucket: flat.Bucket, locals_, prefetched) -> list[torch.Tensor]:
-    if bucket.kind == "replicate":
-        return [x.to(bucket.compute_dtype).view_as(x) for x in locals_]
-    work, gathered = prefetched
-    if work is not None:
-        work.wait()
-    return flat.unpack_gathered(bucket, gathered)
-
-
-def _reduce_bucket(bucket: flat.Bucket, mesh, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Launch the bucket's reduction; return gradient tensors valid once the backward ends."""
-    global _callback_queued
-    world = dp_size(mesh)
-    if world == 1:  # nothing to reduce: just the dtype
-        return [g.to(bucket.param_dtype) for g in grads]
-    first = grads[0]
-    if bucket.kind == "replicate":
-        buffer = first.new_empty(bucket.segment, dtype=bucket.reduce_dtype)
-        flat.pack_grads(bucket, grads, buffer)
-        reduced = buffer
-        work = comm.all_reduce_(buffer, dp_group(mesh), async_op=True)
-        follow_group = None
-    else:
-        send = first.new_empty(bucket.n * bucket.segment, dtype=bucket.reduce_dtype)
-        flat.pack_grads(bucket, grads, send)
-        reduced = send.new_empty(bucket.segment)
-        work = comm.reduce_scatter_into(reduced, send, dim_group(mesh, "dp_shard"), async_op=True)
-        follow_group = (
-            dim_group(mesh, "dp_replicate") if dim_size(mesh, "dp_replicate") > 1 else None
-        )
-    views = flat.unpack_reduced(bucket, reduced)
-    direct = bucket.reduce_dtype == bucket.param_dtype
-    results = [
-        v
-        if direct and v.is_contiguous()
-        else torch.empty(v.shape, dtype=bucket.param_dtype, device=v.device)
-        for v in views
-    ]
-
-    def finish():
-        if follow_group is not None:  # HSDP: the shards' replicas sum across dp_replicate
-            comm.all_reduce_(reduced, follow_group)
-        reduced.div_(world)
-        copies = [(r, v) for r, v in zip(results, views) if r is not v]
-        if copies:
-            torch._foreach_copy_([r for r, _ in copies], [v for _, v in copies])
-
-    if bucket.reshard:
-        # Gathered at use, a bucket may be gathered (and so reduced) more than once per pass
-        # (tied weights, microbatches), and autograd adds those gradients up as soon as they
-        # are returned: finish now rather than at the end of the pass.
-        if work is not None:
-            work.wait()
-        finish()
-        return results
-    _pending.append((work, finish))
-    if not _callback_queued and torch._C._current_graph_task_id() != -1:  # inside a backward
-        _callback_queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(wait_for_reductions)
-    return results
-
-
-def wait_for_reductions() -> None:
-    """Finish every gradient reduction launched so far (runs when a backward pass ends)."""
-    global _callback_queued
-    _callback_queued = False
-    reshard.release_all()
-    while _pending:
-        work, finish = _pending.pop(0)
-        if work is not None:
-            work.wait()
-        finish()
-
-
-def gather_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Whole local tensors for compute (identity without DTensors).
+def gather_params(
+    params: dict[str, torch.Tensor], layout: Layout | None, inflight: InFlight | None = None
+) -> dict[str, torch.Tensor]:
+    """Whole local tensors for compute (identity without a layout).
 
     DTensor parameters sharded on `dp_shard` are all-gathered, one flat collective per bucket,
     all buckets in flight at once; tensor-parallel shards stay local (their layers communicate
@@ -275,69 +95,83 @@ def gather_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     bucket's gradients (reduce-scatter or all-reduce) into gradients of the DTensors.
 
     Args:
-        params: `{name: Tensor | DTensor}`.
+        params: `{name: Tensor | DTensor}` (a subset of the layout's parameters).
+        layout: the layout that placed them (`state.layout`); None: no DTensors allowed.
+        inflight: the step's `InFlight`. With one, buckets of `reshard_after_forward` stay as
+            placeholders that modules gather at use inside `running(...)`; without, everything
+            is gathered now.
     Returns:
         `{name: Tensor}` in the same order.
     """
-    dtensors = {k: v for k, v in params.items() if _is_dtensor(v)}
-    if not dtensors:
+    if layout is None:
+        _no_layout(params, "gather_params")
         return params
-    mesh = next(iter(dtensors.values())).device_mesh
-    layout = _layout(dtensors, mesh)
-    locals_ = {k: v.to_local() for k, v in dtensors.items()}  # differentiable: grads -> DTensors
-    # reshard_after_forward: modules gather these at use (not under torch.compile/torch.func,
-    # whose tracing the module hooks would not survive: there, gather once as usual)
-    at_use = any(b.reshard for b in layout) and not (
-        torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-    )
-    if at_use:
-        reshard.reset()
+    buckets = _check_layout(layout).buckets_for(params)
+    if not buckets:
+        return params
+    if inflight is None:
+        inflight = InFlight(layout)
+        at_use = False
+    else:
+        # reshard_after_forward: modules gather these at use (not under torch.compile/torch.func,
+        # whose tracing the module hooks would not survive: there, gather once as usual)
+        at_use = any(b.reshard for b in buckets) and not (
+            torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+        )
+    pieces_of = [_local_pieces(bucket, params) for bucket in buckets]
     prefetched = []
-    for bucket in layout:  # start every all-gather before waiting on the first
-        pieces = [locals_[s.name] for s in bucket.slots]
+    for bucket, pieces in zip(buckets, pieces_of):  # start every all-gather before waiting
         if at_use and bucket.reshard:
             prefetched.append(_AT_USE)
-        elif bucket.kind == "shard":
+        elif bucket.sharded:
             with torch.no_grad():
-                prefetched.append(_prefetch(bucket, mesh, pieces))
+                prefetched.append(prefetch(bucket, layout, pieces))
         else:
             prefetched.append(None)
     out = {}
-    for bucket, pre in zip(layout, prefetched):
-        pieces = [locals_[s.name] for s in bucket.slots]
+    for bucket, pieces, pre in zip(buckets, pieces_of, prefetched):
         if pre is _AT_USE:
-            wholes = reshard.register(bucket, mesh, pieces)
+            wholes = reshard.register(inflight, bucket, layout, pieces)
         elif torch.is_grad_enabled() and any(p.requires_grad for p in pieces):
-            wholes = _BucketCollective.apply(bucket, mesh, pre, *pieces)
+            wholes = BucketCollective.apply(bucket, layout, inflight, pre, *pieces)
         else:
             with torch.no_grad():
-                wholes = _gather_bucket(bucket, pieces, pre)
-        out.update(zip((s.name for s in bucket.slots), wholes))
+                wholes = gather_bucket(bucket, pieces, pre)
+        out.update(zip(bucket.names, wholes))
     return {k: out.get(k, v) for k, v in params.items()}
 
 
-def finalize_grads(grads: dict, params: dict) -> dict:
+def finalize_grads(
+    grads: dict, params: dict, layout: Layout | None, inflight: InFlight | None = None
+) -> dict:
     """Gradients placed like `params` and averaged over data-parallel ranks.
 
     Gradients produced through `gather_params` are already reduced (this waits for any reduction
-    still in flight). Plain-tensor gradients of DTensor parameters (e.g. accumulated outside
-    autograd) are reduced here.
+    of `inflight` still running). Plain-tensor gradients of DTensor parameters (e.g. accumulated
+    outside autograd) are reduced here.
 
     Args:
         grads: `{name: gradient}` for (a subset of) `params`.
         params: `{name: parameter}`.
+        layout: the parameters' layout (None: returns `grads`).
+        inflight: the step's `InFlight` whose reductions to finish.
     Returns:
         `{name: gradient}`, DTensors where the parameters are DTensors.
     """
-    wait_for_reductions()
+    if inflight is not None:
+        inflight.wait()
+    if layout is None:
+        return grads
     loose = {k: g for k, g in grads.items() if _is_dtensor(params.get(k)) and not _is_dtensor(g)}
     if not loose:
         return grads
-    reduced = reduce_local_grads(loose, {k: params[k] for k in loose})
+    reduced = reduce_local_grads(loose, {k: params[k] for k in loose}, layout)
     return {k: reduced.get(k, g) for k, g in grads.items()}
 
 
-def reduce_local_grads(local_grads: dict[str, torch.Tensor], params: dict[str, DTensor]) -> dict:
+def reduce_local_grads(
+    local_grads: dict[str, torch.Tensor], params: dict[str, DTensor], layout: Layout
+) -> dict:
     """Reduce gradients of whole compute tensors (from `gather_params`) into DTensor gradients.
 
     For accumulating microbatches without communication: take gradients with respect to the
@@ -346,24 +180,24 @@ def reduce_local_grads(local_grads: dict[str, torch.Tensor], params: dict[str, D
     Args:
         local_grads: `{name: gradient of the compute tensor}` (whole along data-parallel dims).
         params: the matching DTensor parameters.
+        layout: their layout.
     Returns:
         `{name: DTensor gradient}` averaged over data-parallel ranks.
     """
-    mesh = _mesh_of(params)
-    layout = _layout(params, mesh)
+    inflight = InFlight(_check_layout(layout))
     out = {}
-    for bucket in layout:
-        if not any(s.name in local_grads for s in bucket.slots):
+    for bucket in layout.buckets_for(params):
+        if not any(name in local_grads for name in bucket.names):
             continue
+        device = params[bucket.names[0]].device
         grads = [
             local_grads[s.name]
             if s.name in local_grads
-            else torch.zeros(s.compute_shape, dtype=bucket.compute_dtype, device=_device(params))
+            else torch.zeros(s.compute_shape, dtype=bucket.compute_dtype, device=device)
             for s in bucket.slots
         ]
-        results = _reduce_bucket(bucket, mesh, grads)
-        out.update(zip((s.name for s in bucket.slots), results))
-    wait_for_reductions()
+        out.update(zip(bucket.names, reduce_bucket(bucket, layout, grads, inflight)))
+    inflight.wait()
     return {
         k: DTensor.from_local(
             out[k],
@@ -377,7 +211,10 @@ def reduce_local_grads(local_grads: dict[str, torch.Tensor], params: dict[str, D
 
 
 def accumulate_grads(
-    leaves: dict[str, torch.Tensor], objectives: list[Callable[[dict], tuple[torch.Tensor, Any]]]
+    leaves: dict[str, torch.Tensor],
+    objectives: list[Callable[[dict], tuple[torch.Tensor, Any]]],
+    layout: Layout | None,
+    inflight: InFlight | None = None,
 ) -> tuple[list[torch.Tensor], list[Any]]:
     """Gradients of the sum of `objectives` w.r.t. `leaves`, gathering and reducing only once.
 
@@ -390,15 +227,18 @@ def accumulate_grads(
         leaves: `{name: parameter}` requiring grad (Tensors or DTensors).
         objectives: callables `objective(compute_params) -> (scalar, aux)`, one per microbatch;
             the scalars are summed (weight them inside).
+        layout: the leaves' layout (None: plain tensors).
+        inflight: the step's `InFlight` (see `gather_params`).
     Returns:
         `(grads, auxes)`: gradients in the order of `leaves` (zeros where unused), and each
         objective's `(scalar detached, aux)`.
     Example:
-        >>> grads, outs = accumulate_grads(leaves, [lambda p: (loss(p, mb), None) for mb in mbs])
+        >>> grads, outs = accumulate_grads(leaves, [lambda p: (loss(p, mb), None) for mb in mbs],
+        ...                                state.layout)
     """
     names = list(leaves)
     with torch.enable_grad():
-        compute = gather_params(leaves)
+        compute = gather_params(leaves, layout, inflight)
     targets = [compute[k] for k in names]
     pending: list[torch.Tensor | None] = [None] * len(names)
     outs = []
@@ -427,17 +267,17 @@ def accumulate_grads(
 # -- metrics ----------------------------------------------------------------------------------
 
 
-def mean_over_data_parallel(value: Any) -> Any:
-    """The mean of `value` over data-parallel ranks (identity on one process).
+def mean_over_data_parallel(value: Any, layout: Layout | None) -> Any:
+    """The mean of `value` over data-parallel ranks (identity without a layout).
 
     Args:
         value: a tensor, or a pytree (dict/list/tuple) of tensors: all float leaves travel in one
             all-reduce; other leaves pass through.
+        layout: the state's layout, whose data-parallel group to average over.
     Returns:
         the same structure, detached, averaged over the data-parallel ranks.
     """
-    mesh = current_mesh()
-    if mesh is None or dp_size(mesh) == 1:
+    if layout is None or _check_layout(layout).dp_size == 1:
         return value
     from ..tree import tree_flatten, tree_unflatten
 
@@ -449,26 +289,8 @@ def mean_over_data_parallel(value: Any) -> Any:
         return value
     parts = [leaves[i].detach().float().reshape(-1) for i in index]
     buffer = torch.cat(parts)
-    comm.all_reduce_(buffer, dp_group(mesh))
-    buffer.div_(dp_size(mesh))
+    comm.all_reduce_(buffer, layout.dp_group)
+    buffer.div_(layout.dp_size)
     for i, part in zip(index, buffer.split([p.numel() for p in parts])):
         leaves[i] = part.view(leaves[i].shape).to(leaves[i].dtype)
     return tree_unflatten(spec, leaves)
-
-
-def data_parallel_info() -> tuple[int, int]:
-    """`(rank, world_size)` of the data-parallel group (TP ranks of one replica share a rank)."""
-    mesh = current_mesh()
-    if mesh is None:
-        return 0, 1
-    return dp_rank(mesh), dp_size(mesh)
-
-
-# -- whole tensors ----------------------------------------------------------------------------
-# (The global norm of sharded gradients is `functrain.optim.global_norm`, re-exported as
-# `functrain.parallel.global_norm`.)
-
-
-def full_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Whole tensors on every rank (`DTensor.full_tensor()`); plain tensors unchanged."""
-    return {k: (v.full_tensor() if _is_dtensor(v) else v) for k, v in params.items()}

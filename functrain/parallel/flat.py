@@ -1,9 +1,9 @@
 """Flat communication buffers: many parameters, one collective.
 
-A *bucket* is a run of parameters that share a collective. In a `"shard"` bucket every parameter is
+A *bucket* is a run of parameters that share a collective. In a `SHARD` bucket every parameter is
 split over the `dp_shard` ranks along one dim (FSDP); each rank's pieces are packed, padded to equal
 chunk lengths, into one segment, so a single `all_gather` rebuilds every parameter and a single
-`reduce_scatter` returns every gradient shard. In a `"replicate"` bucket (DDP) the gradients are
+`reduce_scatter` returns every gradient shard. In a `REPLICATE` bucket (DDP) the gradients are
 packed side by side for one `all_reduce`.
 
 Padding follows DTensor's uneven `Shard` rule: a dim of size `s` over `n` ranks is cut into chunks
@@ -18,6 +18,7 @@ Example (two ranks, a (5, 3) weight sharded on dim 0, so chunks of 3 rows, the l
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch
 
@@ -92,37 +93,47 @@ def make_slot(
     return Slot(name, compute_shape, tuple(local), dim, -(-compute_shape[dim] // n), n, offset)
 
 
+class Kind(enum.Enum):
+    """How a bucket communicates."""
+
+    SHARD = "shard"  # all-gather for compute, reduce-scatter of gradients, over `dp_shard`
+    REPLICATE = "replicate"  # whole on every rank: all-reduce of gradients
+
+
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """Parameters that share one collective.
 
     Attributes:
-        mode: "shard" (all-gather / reduce-scatter over `dp_shard`) or "replicate" (all-reduce),
-            qualified after a "/" ("shard/frozen", "shard/reshard=<module>") to keep apart
-            parameters that must not share a bucket.
+        kind: `Kind.SHARD` or `Kind.REPLICATE`.
         slots: the parameters, in order.
         segment: elements per rank (shard) or in total (replicate).
         compute_dtype: dtype of the gathered parameters (mixed precision's param dtype).
         reduce_dtype: dtype gradients are reduced in.
         param_dtype: dtype of the stored parameters (and of the final gradients).
+        frozen: its parameters take no gradient (never reduced; kept apart from trainable ones).
+        at_use: the module whose forward gathers the bucket when it runs
+            (`fsdp(reshard_after_forward=True)`); None: gathered once per step.
     """
 
-    mode: str
+    kind: Kind
     slots: tuple[Slot, ...]
     segment: int
     compute_dtype: torch.dtype
     reduce_dtype: torch.dtype
     param_dtype: torch.dtype
+    frozen: bool = False
+    at_use: str | None = None
 
     @property
-    def kind(self) -> str:
-        """ "shard" or "replicate": `mode` without its qualifiers ("shard/frozen", ...)."""
-        return self.mode.split("/")[0]
+    def sharded(self) -> bool:
+        """True for a `Kind.SHARD` bucket."""
+        return self.kind is Kind.SHARD
 
     @property
     def reshard(self) -> bool:
         """True for a bucket gathered when its module runs (`fsdp(reshard_after_forward=True)`)."""
-        return "/reshard=" in self.mode
+        return self.at_use is not None
 
     @property
     def n(self) -> int:
@@ -132,6 +143,30 @@ class Bucket:
     @property
     def even(self) -> bool:
         return all(slot.even for slot in self.slots)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names of its parameters, in order."""
+        return tuple(slot.name for slot in self.slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One parameter on its way into a bucket (see `build_buckets`).
+
+    Attributes:
+        slot: where it sits (its offset is reassigned).
+        kind, frozen, at_use: which bucket it may share (see `Bucket`).
+        compute_dtype, reduce_dtype, param_dtype: its dtypes (see `Bucket`).
+    """
+
+    slot: Slot
+    kind: Kind
+    compute_dtype: torch.dtype
+    reduce_dtype: torch.dtype
+    param_dtype: torch.dtype
+    frozen: bool = False
+    at_use: str | None = None
 
 
 def pack_shards(bucket: Bucket, locals_: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
@@ -169,7 +204,7 @@ def pack_grads(bucket: Bucket, grads: list[torch.Tensor], out: torch.Tensor) -> 
     "shard": `out` has `n * segment` elements, rank `r`'s chunks in row `r`; "replicate": `out` has
     `segment` elements, the gradients side by side.
     """
-    if bucket.kind == "replicate":
+    if not bucket.sharded:
         dests = [out[s.offset : s.offset + s.numel].view(s.compute_shape) for s in bucket.slots]
         torch._foreach_copy_(dests, grads)
         return out
@@ -195,7 +230,7 @@ def unpack_reduced(bucket: Bucket, reduced: torch.Tensor) -> list[torch.Tensor]:
     out = []
     for s in bucket.slots:
         piece = reduced[s.offset : s.offset + s.numel].view(s.padded_local_shape)
-        if bucket.kind == "shard" and not s.even:
+        if bucket.sharded and not s.even:
             piece = piece.narrow(s.dim, 0, s.local_shape[s.dim])
         out.append(piece)
     return out
@@ -207,18 +242,15 @@ def _padded_full_shape(s: Slot) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def build_buckets(
-    entries: list[tuple[Slot, str, torch.dtype, torch.dtype, torch.dtype]], cap_bytes: int
-) -> list[Bucket]:
-    """Group parameters with the same mode and dtypes into buckets of at most `cap_bytes`.
+def build_buckets(entries: list[Entry], cap_bytes: int) -> list[Bucket]:
+    """Group parameters with the same kind, flags and dtypes into buckets of at most `cap_bytes`.
 
     Parameters join the open bucket of their kind in order (kinds may interleave, e.g. sharded
     weights between replicated tensor-parallel biases), so there is one collective per kind until
     a bucket fills up.
 
     Args:
-        entries: `(slot, mode, compute_dtype, reduce_dtype, param_dtype)` in parameter order; slot
-            offsets are reassigned.
+        entries: one `Entry` per parameter, in parameter order; slot offsets are reassigned.
         cap_bytes: close a bucket once adding a parameter would take it past this many bytes
             (per-rank segment, in the reduce dtype).
     Returns:
@@ -230,18 +262,28 @@ def build_buckets(
     first: dict[tuple, int] = {}
 
     def close(key):
-        bucket = Bucket(key[0], tuple(open_.pop(key)), sizes.pop(key), *key[1:4])
+        kind, frozen, at_use, compute_dtype, reduce_dtype, param_dtype, _ = key
+        bucket = Bucket(
+            kind,
+            tuple(open_.pop(key)),
+            sizes.pop(key),
+            compute_dtype,
+            reduce_dtype,
+            param_dtype,
+            frozen=frozen,
+            at_use=at_use,
+        )
         closed.append((first.pop(key), bucket))
 
-    for index, (slot, mode, compute_dtype, reduce_dtype, param_dtype) in enumerate(entries):
-        key = (mode, compute_dtype, reduce_dtype, param_dtype, slot.n)
-        itemsize = torch.empty((), dtype=reduce_dtype).element_size()
-        if key in open_ and (sizes[key] + slot.numel) * itemsize > cap_bytes:
+    for index, e in enumerate(entries):
+        key = (e.kind, e.frozen, e.at_use, e.compute_dtype, e.reduce_dtype, e.param_dtype, e.slot.n)
+        itemsize = torch.empty((), dtype=e.reduce_dtype).element_size()
+        if key in open_ and (sizes[key] + e.slot.numel) * itemsize > cap_bytes:
             close(key)
         if key not in open_:
             open_[key], sizes[key], first[key] = [], 0, index
-        open_[key].append(dataclasses.replace(slot, offset=sizes[key]))
-        sizes[key] += slot.numel
+        open_[key].append(dataclasses.replace(e.slot, offset=sizes[key]))
+        sizes[key] += e.slot.numel
     for key in list(open_):
         close(key)
     return [bucket for _, bucket in sorted(closed, key=lambda item: item[0])]

@@ -5,8 +5,9 @@ environment) and in a plain `python train.py` with no environment at all (a worl
 so a script written for one process runs unchanged on many.
 
 The mesh always has the three named dims, in this order; unused ones have size 1. Data parallelism
-is `dp_replicate x dp_shard` (HSDP when both exceed 1); `tp` is tensor parallelism. The mesh made
-last is the *current* mesh, which `data_parallel_info()` and the step read.
+is `dp_replicate x dp_shard` (HSDP when both exceed 1); `tp` is tensor parallelism. A mesh is a
+value: `functrain.init(..., mesh=mesh)` records it in the state's `Layout`, and nothing here keeps
+a "current" one.
 
 Example:
     >>> mesh = init_mesh(dp_shard=-1)          # all ranks shard parameters (FSDP) or replicate (DDP)
@@ -29,9 +30,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 DP_DIMS = ("dp_replicate", "dp_shard")
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-_current_mesh: DeviceMesh | None = None
-_dp_groups: dict[DeviceMesh, Any] = {}  # mesh -> its flattened data-parallel process group
 
 
 def default_device_type() -> str:
@@ -98,9 +96,6 @@ def _attempt_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
 
 def shutdown() -> None:
     """Destroy the process group (safe to call twice). Registered at exit by `init_distributed`."""
-    global _current_mesh
-    _current_mesh = None
-    _dp_groups.clear()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -142,7 +137,7 @@ def init_mesh(
     device_type: str | None = None,
     backend: str | None = None,
 ) -> DeviceMesh:
-    """Initialise distribution (if needed) and make the current 3-D mesh.
+    """Initialise distribution (if needed) and make a 3-D mesh.
 
     Args:
         dp_shard: ranks that shard parameters under FSDP (-1: whatever the other dims leave).
@@ -151,30 +146,15 @@ def init_mesh(
         device_type: "cpu" or "cuda" (None: cuda when available).
         backend: process-group backend (None: see `init_distributed`).
     Returns:
-        a `DeviceMesh` with dims `("dp_replicate", "dp_shard", "tp")`, also made current.
+        a `DeviceMesh` with dims `("dp_replicate", "dp_shard", "tp")`.
     Example:
         >>> mesh = init_mesh(dp_shard=-1)   # 1 rank under `python`, N under the launcher
     """
-    global _current_mesh
     _, world = init_distributed(backend)
     shape = _resolve_sizes(world, dp_replicate, dp_shard, tp)
     mesh = init_device_mesh(device_type or default_device_type(), shape, mesh_dim_names=MESH_DIMS)
     dp_group(mesh)  # made now: creating a group is collective, so every rank must take part
-    _current_mesh = mesh
     return mesh
-
-
-def current_mesh() -> DeviceMesh | None:
-    """The mesh made last by `init_mesh` (None before any)."""
-    return _current_mesh
-
-
-def set_current_mesh(mesh: DeviceMesh | None) -> None:
-    """Make `mesh` current (it must have the dims `MESH_DIMS`), or None for no distribution."""
-    global _current_mesh
-    if mesh is not None:
-        check_mesh(mesh)
-    _current_mesh = mesh
 
 
 def check_mesh(mesh: Any) -> DeviceMesh:
@@ -217,13 +197,14 @@ def dp_rank(mesh: DeviceMesh) -> int:
 
 
 def dp_group(mesh: DeviceMesh):
-    """One process group over both data-parallel dims (made once per mesh, on all ranks)."""
-    key = mesh  # DeviceMesh hashes by its layout
-    if key not in _dp_groups:
-        if dim_size(mesh, "dp_replicate") == 1:
-            _dp_groups[key] = dim_group(mesh, "dp_shard")
-        elif dim_size(mesh, "dp_shard") == 1:
-            _dp_groups[key] = dim_group(mesh, "dp_replicate")
-        else:
-            _dp_groups[key] = mesh[DP_DIMS]._flatten("dp").get_group()
-    return _dp_groups[key]
+    """One process group over both data-parallel dims.
+
+    For HSDP the two dims are flattened into one mesh dim; the mesh itself keeps the flattened
+    mesh (torch caches it on the root mesh), so only the first call creates a group, and that
+    first call is collective: `init_mesh` makes it on every rank.
+    """
+    if dim_size(mesh, "dp_replicate") == 1:
+        return dim_group(mesh, "dp_shard")
+    if dim_size(mesh, "dp_shard") == 1:
+        return dim_group(mesh, "dp_replicate")
+    return mesh[DP_DIMS]._flatten("dp").get_group()

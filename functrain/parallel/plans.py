@@ -10,7 +10,9 @@
 
 `shard_params(model, params, mesh=mesh, plan=plan)` (called by `functrain.init`) turns the model's
 parameters into DTensors and *puts those same DTensors back into the model*, as FSDP2 does: no rank
-keeps a full copy of a sharded parameter, and the state's tensors are the model's.
+keeps a full copy of a sharded parameter, and the state's tensors are the model's. It returns them
+with their `Layout` (policies, buckets, tensor-parallel styles), which `init` keeps in
+`state.layout`: the plan lives in that value, not in the model or the process.
 
 A model built on the meta device (`with torch.device("meta"): model = Net()`) is materialised one
 module at a time, each with its own seed (`reset_parameters()` under a generator derived from the
@@ -26,15 +28,19 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..rng import RngState, seed_for, seeded_global_rng
-from . import comm, compute, tensor_parallel
+from . import comm, tensor_parallel
 from .flat import shard_extent
-from .mesh import check_mesh, dim_size, set_current_mesh
+from .layout import Layout, make_layout
+from .mesh import check_mesh, dim_size, init_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +59,7 @@ class Plan:
             per step and keep it until the backward pass ends (2x parameter bytes moved per
             step). True: gather each module's parameters when it runs, free them when it
             returns and gather them again for the backward pass (3x the bytes, as FSDP2), so a
-            rank holds about one module's whole parameters at a time (see `dist.reshard`).
+            rank holds about one module's whole parameters at a time (see `parallel.reshard`).
     """
 
     name: str
@@ -109,6 +115,65 @@ def resolve_plan(plan: str | Plan | None) -> Plan:
     raise ValueError(
         f"unknown sharding plan {plan!r}; use one of {sorted(_NAMED)} or a functrain.parallel.Plan"
     )
+
+
+LOCAL = "local"  # the plan name for "no distribution", even under a launcher
+
+
+def launched_world_size() -> int:
+    """Ranks of the world this process belongs to: the process group's, else `$WORLD_SIZE`."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def default_placement(mesh, plan) -> tuple:
+    """The `(mesh, plan)` that `functrain.init` uses for its `mesh=` and `plan=` arguments.
+
+    - `plan="local"`: `(None, None)`, each process on its own (no mesh may be given);
+    - a mesh: the plan, "ddp" by default;
+    - a plan and no mesh: the mesh `init_mesh()` (every rank on `dp_shard`); a tensor-parallel
+      plan needs a mesh with a `tp` dim, so it must be given one;
+    - neither: one process stays `(None, None)`; under a launcher (more than one rank), as in
+      Composer and Lightning, data-parallel over all ranks, said in one line on rank 0, rather
+      than N independent trainings writing one checkpoint folder.
+
+    Returns:
+        `(mesh or None, plan or None)`; None for both means no distribution.
+    """
+    if isinstance(plan, str) and plan.lower() == LOCAL:
+        if mesh is not None:
+            raise ValueError(
+                "plan='local' trains each process on its own and takes no mesh; drop mesh= or "
+                "pick a distributed plan ('ddp', 'fsdp', ...)"
+            )
+        return None, None
+    if mesh is not None:
+        return mesh, plan
+    if plan is not None:
+        resolved = resolve_plan(plan)
+        if resolved.tp is not None:
+            raise ValueError(
+                f"plan={resolved.name!r} needs a mesh with a tp dim: pass "
+                "mesh=functrain.parallel.init_mesh(tp=N)"
+            )
+        return init_mesh(), resolved
+    world = launched_world_size()
+    if world <= 1:
+        return None, None
+    mesh = init_mesh()
+    if dist.get_rank() == 0:
+        print(
+            f"functrain: {world} ranks and no mesh given: training data-parallel (plan='ddp') "
+            f"over all {world} ranks; pass mesh=/plan= to choose (plan='local' trains each "
+            "rank on its own)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return mesh, ddp()
 
 
 def param_placements(
@@ -226,30 +291,31 @@ def shard_params(
     mesh,
     plan: str | Plan | None = None,
     seed: int | None = None,
-) -> dict[str, torch.Tensor]:
-    """Place `params` (the model's, by name) on `mesh` per `plan`; return `{name: DTensor}`.
+) -> tuple[dict[str, torch.Tensor], Layout]:
+    """Place `params` (the model's, by name) on `mesh` per `plan`; return them and their layout.
 
     The model's parameters are replaced by the same DTensors (sharded ones are never held whole),
-    tensor-parallel Linear layers get their parallel forward, and every rank ends with rank 0's
-    values (broadcast, as DDP does) unless the model was on the meta device, where each module is
-    initialised from `seed` and its name.
+    and every rank ends with rank 0's values (broadcast, as DDP does) unless the model was on the
+    meta device, where each module is initialised from `seed` and its name. Nothing else is
+    left on the model: its tensor-parallel forwards and the input cast of mixed precision come
+    from the returned layout while a step runs it (see `parallel.running`).
 
     Args:
         model: the module the params belong to.
         params: `{name: tensor}` as `functrain.init` collects them (tied weights once).
-        mesh: a mesh from `functrain.parallel.init_mesh` (made current).
+        mesh: a mesh from `functrain.parallel.init_mesh`.
         plan: a plan name or `Plan` (None: "ddp").
         seed: the run's seed, for meta-device initialisation (None: 0).
     Returns:
-        `{name: DTensor}` in the order of `params`.
+        `({name: DTensor} in the order of `params`, the Layout)`.
     Example:
-        >>> params = shard_params(model, dict(model.named_parameters()), mesh=mesh, plan="fsdp")
+        >>> params, layout = shard_params(model, dict(model.named_parameters()), mesh=mesh,
+        ...                               plan="fsdp")
     """
     if mesh is None:
         raise ValueError(f"plan={plan!r} needs a mesh: pass mesh=functrain.parallel.init_mesh(...)")
     check_mesh(mesh)
     plan = resolve_plan(plan)
-    set_current_mesh(mesh)
     tp_size = dim_size(mesh, "tp")
     if tp_size > 1 and plan.tp is None:
         raise ValueError(
@@ -270,8 +336,6 @@ def shard_params(
                 f"{name} is tied to {[m + '.' + a for _, a, m in entries[1:]]} and cannot be "
                 "tensor-parallel; leave its Linear out of the tp plan"
             )
-    for module_name, style in styles.items():
-        tensor_parallel.install_style(modules[module_name], style, mesh["tp"])
 
     if mesh.device_type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -315,29 +379,12 @@ def shard_params(
     _broadcast_from_rank0([t.data for t in real.values() if not isinstance(t, DTensor)])
     for name, tensor in real.items():
         place(name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
-    compute.register_policies({name: compute.ParamPolicy.from_plan(plan) for name in result})
-    _install_input_cast(model, plan.param_dtype)
-    return {name: result[name] for name in params}
-
-
-def _install_input_cast(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
-    """With a `param_dtype`, cast the model's floating-point inputs to it (as FSDP2 does)."""
-    old = getattr(model, "_functrain_input_cast", None)
-    if old is not None:
-        old.remove()
-        model._functrain_input_cast = None
-    if dtype is None:
-        return
-
-    def cast(module, args, kwargs):
-        from ..tree import tree_map
-
-        def to(x):
-            return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
-        return tree_map(to, args), tree_map(to, kwargs)
-
-    model._functrain_input_cast = model.register_forward_pre_hook(cast, with_kwargs=True)
+    placed = {name: result[name] for name in params}
+    trainable = frozenset(
+        name for name in params if owners[name][0][0]._parameters[owners[name][0][1]].requires_grad
+    )
+    layout = make_layout(mesh, plan, placed, trainable=trainable, tp_styles=styles)
+    return placed, layout
 
 
 def _contiguous_stride(shape) -> tuple[int, ...]:

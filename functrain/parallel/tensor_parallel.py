@@ -7,20 +7,24 @@ attention or MLP block costs one all-reduce forward and one backward, and the ac
 the two layers never leave the rank.
 
 The collectives are explicit autograd functions (`copy_to_tp`, `reduce_from_tp`,
-`gather_from_tp`); a layer's style is installed by overriding that Linear instance's `forward`.
-Model code must size head views from the tensors (`q.view(B, T, -1, head_dim)`), since a rank holds
-`n_heads / tp` heads.
+`gather_from_tp`). The styles are part of the state's `Layout`, not of the model: while the model
+runs under a layout (`parallel.running`, entered by the step and by evaluation), `parallel_forwards`
+gives each styled Linear its parallel `forward`, and takes it away after, so the module is
+untouched outside a step. Model code must size head views from the tensors
+(`q.view(B, T, -1, head_dim)`), since a rank holds `n_heads / tp` heads.
 
 Example:
     >>> styles = resolve_tp_styles(model, "auto")   # {"blocks.0.attn.q": "colwise", ...}
-    >>> install_style(model.blocks[0].attn.q, "colwise", mesh["tp"])
+    >>> with parallel_forwards(model, styles, mesh["tp"].get_group()):
+    ...     logits = torch.func.functional_call(model, tp_local_params, (tokens,))
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-import types
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -115,42 +119,65 @@ def check_style(name: str, module: torch.nn.Module, style: str, tp: int) -> None
         )
 
 
-def install_style(module: torch.nn.Linear, style: str, tp_mesh) -> None:
-    """Make `module` run `style` over the 1-D mesh `tp_mesh` (its forward is overridden).
+@contextlib.contextmanager
+def parallel_forwards(model: torch.nn.Module, styles: Mapping[str, str], group) -> Iterator[None]:
+    """While active, the Linear layers named in `styles` run their tensor-parallel forward.
 
-    Its parameters must then be the `tp` shards (the step's `gather_params` provides them).
+    Their parameters must then be the `tp` shards (the step's `gather_params` provides them).
+    The forward is set on the instances on entry and removed on exit (a forward the instance
+    had of its own is put back), so nothing stays on the model.
+
+    Args:
+        model: the root module.
+        styles: `{module name: "colwise" | "rowwise" | "colwise_gather"}`.
+        group: the `tp` process group.
     """
-    module._functrain_tp_style = style
-    module._functrain_tp_mesh = tp_mesh
-    forward = _rowwise_forward if style == "rowwise" else _colwise_forward
-    module.forward = types.MethodType(forward, module)
+    if not styles:
+        yield
+        return
+    modules = dict(model.named_modules())
+    # q, k and v read the same input: one shared `copy_to_tp` turns their three backward
+    # all-reduces into one (Megatron's single f per block). Kept for this run of the model only.
+    shared = _SharedCopy(group)
+    saved = []
+    for name, style in styles.items():
+        module = modules[name]
+        saved.append((module, module.__dict__.get("forward")))
+        run = _rowwise_forward if style == "rowwise" else _colwise_forward
+        module.forward = functools.partial(run, module, style, group, shared)
+    try:
+        yield
+    finally:
+        for module, own in reversed(saved):
+            if own is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = own
 
 
-# The last input given to a column-parallel layer and its `copy_to_tp`: q, k and v read the same
-# tensor, and sharing one `copy_to_tp` makes their three backward all-reduces one (Megatron's
-# single f per block). Keyed on the tensor object and the grad mode; sharing is exact either way.
-_last_copy: dict = {}
+class _SharedCopy:
+    """The last input given to a column-parallel layer and its `copy_to_tp` (one at most)."""
+
+    def __init__(self, group):
+        self.group = group
+        self.last: tuple | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        grad = torch.is_grad_enabled()  # sharing is exact either way; keyed on the grad mode
+        if self.last is not None and self.last[0] is x and self.last[1] == grad:
+            return self.last[2]
+        out = copy_to_tp(x, self.group)
+        self.last = (x, grad, out)
+        return out
 
 
-def _shared_copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
-    key = (id(group), torch.is_grad_enabled())
-    last = _last_copy.get(key)
-    if last is not None and last[0] is x:
-        return last[1]
-    out = copy_to_tp(x, group)
-    _last_copy.clear()  # hold one input at most
-    _last_copy[key] = (x, out)
-    return out
+def _colwise_forward(self: torch.nn.Linear, style, group, shared, x: torch.Tensor):
+    y = F.linear(shared(x), self.weight, self.bias)
+    return gather_from_tp(y, group) if style == "colwise_gather" else y
 
 
-def _colwise_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    group = self._functrain_tp_mesh.get_group()
-    y = F.linear(_shared_copy_to_tp(x, group), self.weight, self.bias)
-    return gather_from_tp(y, group) if self._functrain_tp_style == "colwise_gather" else y
-
-
-def _rowwise_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    y = reduce_from_tp(F.linear(x, self.weight), self._functrain_tp_mesh.get_group())
+def _rowwise_forward(self: torch.nn.Linear, style, group, shared, x: torch.Tensor):
+    y = reduce_from_tp(F.linear(x, self.weight), group)
     return y if self.bias is None else y + self.bias
 
 

@@ -14,6 +14,8 @@ from functrain.rng import RngState
 
 
 class _State:
+    layout = None  # one process: the generators use data-parallel rank 0
+
     def __init__(self, step, rng=RngState(0)):
         self.step, self.rng = step, rng
 

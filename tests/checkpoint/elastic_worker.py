@@ -83,7 +83,7 @@ def main() -> None:
         autoresume=True,
         log_interval="1ba",
     )
-    if fdist.data_parallel_info()[0] == 0:
+    if fdist.data_parallel_info(state.layout)[0] == 0:
         with open(args.out, "w") as f:
             json.dump(recorder.losses, f)
     if plan:

@@ -18,11 +18,3 @@ def mesh1():
     mesh = fdist.init_mesh()
     yield mesh
     fdist.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def _no_current_mesh_leaks():
-    """Each test starts and ends without a current mesh, so other tests see one process."""
-    previous = fdist.current_mesh()
-    yield
-    fdist.set_current_mesh(previous)

@@ -17,10 +17,12 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import value_scenarios  # beside this file: on the path as the script's folder, and in pytest
 
 import functrain
 from functrain import parallel as fdist
 from functrain.parallel import compute as fcompute
+from functrain.parallel import mesh as fmesh
 from functrain.parallel import plans as fplans
 
 STEPS = 20
@@ -165,10 +167,9 @@ def optimizer():
 
 def reference(kind: str, steps: int = STEPS, opt=None, donate: bool = False, microbatch=None):
     """Single-process training on the global batches: `({name: tensor}, [loss per step])`."""
-    fdist.set_current_mesh(None)
     model = make(kind)
     opt = opt or optimizer()
-    state = functrain.init(model, opt, seed=0)
+    state = functrain.init(model, opt, seed=0, plan="local")  # this rank alone, on purpose
     loss_fn = lm_loss if kind != "mlp" else classify_loss
     step = functrain.make_step(model, loss_fn, opt, donate=donate, microbatch_size=microbatch)
     losses = []
@@ -182,13 +183,12 @@ def train(
     kind: str, mesh, plan, steps: int = STEPS, opt=None, donate: bool = False, microbatch=None
 ):
     """Training on the mesh, each data-parallel rank on its slice of the same global batches."""
-    fdist.set_current_mesh(mesh)
     model = make(kind)
     opt = opt or optimizer()
     state = functrain.init(model, opt, seed=0, mesh=mesh, plan=plan)
     loss_fn = lm_loss if kind != "mlp" else classify_loss
     step = functrain.make_step(model, loss_fn, opt, donate=donate, microbatch_size=microbatch)
-    rank, world = fdist.data_parallel_info()
+    rank, world = fdist.data_parallel_info(state.layout)
     losses = []
     fdist.COUNTER.reset()
     for batch in batches(kind, steps):
@@ -269,7 +269,7 @@ def scenario_global_norm(world):
     out = {}
     for plan in ("ddp", "fsdp"):
         model = make("mlp")
-        params = fplans.shard_params(
+        params, _ = fplans.shard_params(
             model, {k: v.detach() for k, v in model.named_parameters()}, mesh=mesh, plan=plan
         )
         sharded = {
@@ -286,12 +286,12 @@ def scenario_global_norm(world):
 def scenario_microbatch(world):
     """Accumulating microbatch gradients locally: one reduction per bucket for the whole batch."""
     mesh = mesh_for(world)
-    rank, _ = fdist.data_parallel_info()
+    rank = fmesh.dp_rank(mesh)
     batch = rank_slice(batches("mlp", 1, size=4 * world)[0], rank, world)
     out = {}
     for plan in ("ddp", "fsdp"):
         model = make("mlp")
-        params = fplans.shard_params(
+        params, layout = fplans.shard_params(
             model, {k: v.detach() for k, v in model.named_parameters()}, mesh=mesh, plan=plan
         )
         leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
@@ -305,12 +305,13 @@ def scenario_microbatch(world):
             return run
 
         fdist.COUNTER.reset()
-        grads, _ = fcompute.accumulate_grads(leaves, [objective(0), objective(1)])
+        inflight = fdist.InFlight(layout)
+        grads, _ = fcompute.accumulate_grads(leaves, [objective(0), objective(1)], layout, inflight)
         calls = dict(fdist.COUNTER.calls)
-        grads = fdist.finalize_grads(dict(zip(leaves, grads)), params)
+        grads = fdist.finalize_grads(dict(zip(leaves, grads)), params, layout, inflight)
         # the same gradients from the whole local batch in one pass
         leaves2 = {k: v.detach().requires_grad_() for k, v in params.items()}
-        compute = fdist.gather_params(leaves2)
+        compute = fdist.gather_params(leaves2, layout)
         whole = F.cross_entropy(torch.func.functional_call(model, compute, (batch[0],)), batch[1])
         expected = torch.autograd.grad(whole, list(leaves2.values()))
         err = max(
@@ -336,17 +337,17 @@ def scenario_reshard_memory(world):
     forward, backward = [], []
     gather, unpack = reshard._gather, reshard._unpack
 
-    def live_modules() -> int:
-        alive = {id(e[3][0]) for e in reshard._live.values() if e[0]() is not None}
+    def live_modules(inflight) -> int:
+        alive = {id(e[3][0]) for e in inflight.live.values() if e[0]() is not None}
         return len(alive)
 
-    def counting_gather(*args):
-        forward.append(live_modules())
-        return gather(*args)
+    def counting_gather(inflight, *args):
+        forward.append(live_modules(inflight))
+        return gather(inflight, *args)
 
-    def counting_unpack(saved):
-        out = unpack(saved)
-        backward.append(len(reshard._regathered))
+    def counting_unpack(inflight, saved):
+        out = unpack(inflight, saved)
+        backward.append(len(inflight.regathered))
         return out
 
     reshard._gather, reshard._unpack = counting_gather, counting_unpack
@@ -411,7 +412,7 @@ def scenario_meta_init(world):
     with torch.device("meta"):
         model = MLP()
     params = {k: v.detach() for k, v in model.named_parameters()}
-    placed = fplans.shard_params(model, params, mesh=mesh, plan="fsdp", seed=5)
+    placed, _ = fplans.shard_params(model, params, mesh=mesh, plan="fsdp", seed=5)
     full = fdist.full_params(placed)
     # the same modules materialised whole on one process with the same seed
     with torch.device("meta"):
@@ -438,11 +439,9 @@ def scenario_meta_init(world):
 def scenario_buffers_and_eval(world):
     """call_model (evaluation) works under fsdp and gives the single-process outputs."""
     mesh = mesh_for(world)
-    fdist.set_current_mesh(None)
     ref_model = make("mlp")
     x = batches("mlp", 1)[0][0]
     expected = ref_model(x).detach()
-    fdist.set_current_mesh(mesh)
     model = make("mlp")
     state = functrain.init(model, optimizer(), seed=0, mesh=mesh, plan="fsdp")
     step = functrain.make_step(model, classify_loss, optimizer())
@@ -484,7 +483,23 @@ def scenarios_for(world: int) -> dict:
         "mixed_precision": scenario_mixed_precision,
         "meta_init": scenario_meta_init,
         "eval": scenario_buffers_and_eval,
+        "side_by_side": _value_scenario(value_scenarios.scenario_side_by_side),
+        "optimizer_monitor": _value_scenario(value_scenarios.scenario_optimizer_monitor),
+        "nan_monitor": _value_scenario(value_scenarios.scenario_nan_monitor),  # keep last
     }
+
+
+def _value_scenario(fn):
+    """A scenario of value_scenarios.py, given this module's helpers."""
+    helpers = dict(
+        make=make,
+        batches=batches,
+        rank_slice=rank_slice,
+        classify_loss=classify_loss,
+        max_error=max_error,
+        mesh_for=mesh_for,
+    )
+    return lambda world: fn(world, **helpers)
 
 
 def run_all(world: int, only: list[str] | None = None) -> dict:
@@ -501,7 +516,6 @@ def run_all(world: int, only: list[str] | None = None) -> dict:
         start = time.perf_counter()
         results[name] = fn(world)
         results[name]["seconds"] = round(time.perf_counter() - start, 2)
-    fdist.set_current_mesh(None)
     return results
 
 

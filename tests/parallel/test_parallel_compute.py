@@ -8,14 +8,21 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from functrain import parallel as fdist
 from functrain.parallel import compute, plans
+from functrain.parallel.layout import make_layout
 
 
-def test_identity_without_dtensors():
+def test_identity_without_a_layout():
     params = {"w": torch.ones(2, requires_grad=True)}
-    assert compute.gather_params(params) is params
+    assert compute.gather_params(params, None) is params
     grads = {"w": torch.ones(2)}
-    assert compute.finalize_grads(grads, params) is grads
-    assert compute.data_parallel_info() == (0, 1)
+    assert compute.finalize_grads(grads, params, None) is grads
+    assert fdist.data_parallel_info(None) == (0, 1)
+
+
+def test_dtensors_without_their_layout_are_a_clear_error(mesh1):
+    (placed, _), _, _ = _placed(mesh1)
+    with pytest.raises(ValueError, match="state.layout"):
+        compute.gather_params(placed, None)
 
 
 def _placed(mesh, plan="fsdp", **plan_options):
@@ -30,15 +37,16 @@ def _placed(mesh, plan="fsdp", **plan_options):
 
 @pytest.mark.parametrize("plan", ["ddp", "fsdp"])
 def test_gather_is_differentiable_into_dtensor_grads(mesh1, plan):
-    placed, whole, model = _placed(mesh1, plan)
+    (placed, layout), whole, model = _placed(mesh1, plan)
     leaves = {k: v.detach().requires_grad_() for k, v in placed.items()}
-    gathered = compute.gather_params(leaves)
+    inflight = fdist.InFlight(layout)
+    gathered = compute.gather_params(leaves, layout, inflight)
     assert all(type(v) is torch.Tensor for v in gathered.values())
     assert all(torch.equal(gathered[k], whole[k]) for k in whole)
     x = torch.randn(4, 3)
     loss = torch.func.functional_call(model, gathered, (x,)).square().mean()
     grads = torch.autograd.grad(loss, list(leaves.values()))
-    grads = compute.finalize_grads(dict(zip(leaves, grads)), placed)
+    grads = compute.finalize_grads(dict(zip(leaves, grads)), placed, layout, inflight)
     expected = torch.autograd.grad(
         torch.func.functional_call(model, {k: v.requires_grad_() for k, v in whole.items()}, (x,))
         .square()
@@ -51,28 +59,44 @@ def test_gather_is_differentiable_into_dtensor_grads(mesh1, plan):
 
 
 def test_plain_grads_of_dtensors_are_placed_by_finalize(mesh1):
-    placed, whole, _ = _placed(mesh1)
+    (placed, layout), whole, _ = _placed(mesh1)
     local = {k: torch.full_like(v, 2.0) for k, v in whole.items()}
-    grads = compute.finalize_grads(local, placed)
+    grads = compute.finalize_grads(local, placed, layout)
     for name, grad in grads.items():
         assert isinstance(grad, DTensor) and grad.placements == placed[name].placements
         assert torch.equal(grad.full_tensor(), local[name])
 
 
 def test_bucket_cap_splits_collectives(mesh1):
-    placed, _, _ = _placed(mesh1, "fsdp", bucket_mb=30 / (1 << 20))  # 30 bytes: ~1 param each
-    layout = compute._layout(placed, mesh1)
-    assert len(layout) >= 3
-    placed, _, _ = _placed(mesh1, "fsdp")
-    assert len(compute._layout(placed, mesh1)) == 1
+    (_, layout), _, _ = _placed(mesh1, "fsdp", bucket_mb=30 / (1 << 20))  # 30 bytes: ~1 each
+    assert len(layout.buckets) >= 3
+    (_, layout), _, _ = _placed(mesh1, "fsdp")
+    assert len(layout.buckets) == 1
+
+
+def test_a_subset_of_a_bucket_gets_buckets_of_its_own(mesh1):
+    (placed, layout), whole, _ = _placed(mesh1)
+    subset = {"1.weight": placed["1.weight"], "0.bias": placed["0.bias"]}
+    (bucket,) = layout.buckets_for(subset)
+    assert bucket.names == ("1.weight", "0.bias")  # in the order given
+    gathered = compute.gather_params(subset, layout)
+    assert torch.equal(gathered["1.weight"], whole["1.weight"])
+
+
+def test_params_that_do_not_fit_their_layout_are_rejected(mesh1):
+    (placed, layout), _, _ = _placed(mesh1)
+    wrong = {**placed, "0.weight": DTensor.from_local(torch.ones(2, 2), mesh1, [Replicate()] * 3)}
+    with pytest.raises(ValueError, match="different states"):
+        compute.gather_params(wrong, layout)
 
 
 def test_mixed_precision_policy_gathers_in_param_dtype(mesh1):
     placed, whole, _ = _placed(
         mesh1, "fsdp", param_dtype=torch.bfloat16, reduce_dtype=torch.float32
     )
+    placed, layout = placed
     leaves = {k: v.detach().requires_grad_() for k, v in placed.items()}
-    gathered = compute.gather_params(leaves)
+    gathered = compute.gather_params(leaves, layout)
     assert all(v.dtype == torch.bfloat16 for v in gathered.values())
     loss = sum(v.float().sum() for v in gathered.values())
     grads = torch.autograd.grad(loss, list(leaves.values()))
@@ -83,16 +107,20 @@ def test_params_on_a_foreign_mesh_are_rejected(mesh1):
     sub = mesh1["dp_shard"]
     foreign = DTensor.from_local(torch.ones(2), sub, [Replicate()])
     with pytest.raises(ValueError, match="functrain expects"):
-        compute.gather_params({"w": foreign})
+        make_layout(mesh1, plans.fsdp(), {"w": foreign}, trainable=frozenset("w"))
     bad = DTensor.from_local(torch.ones(2), mesh1, [Shard(0), Replicate(), Replicate()])
     with pytest.raises(ValueError, match="dp_replicate"):
-        compute.gather_params({"w": bad})
+        make_layout(mesh1, plans.fsdp(), {"w": bad}, trainable=frozenset("w"))
+    (_, layout), _, _ = _placed(mesh1)
+    with pytest.raises(ValueError, match="does not place"):
+        compute.gather_params({"w": DTensor.from_local(torch.ones(2), mesh1, [Replicate()] * 3)},
+                              layout)  # fmt: skip
 
 
 def test_global_norm_plain_and_dtensor(mesh1):
     tree = {"a": torch.tensor([3.0]), "b": {"c": torch.tensor([4.0])}}
     assert float(fdist.global_norm(tree)) == 5.0
-    placed, whole, _ = _placed(mesh1)
+    (placed, _), whole, _ = _placed(mesh1)
     want = torch.linalg.vector_norm(torch.cat([v.reshape(-1) for v in whole.values()]))
     torch.testing.assert_close(fdist.global_norm(placed), want)
     assert float(fdist.global_norm({})) == 0.0
@@ -100,7 +128,8 @@ def test_global_norm_plain_and_dtensor(mesh1):
 
 def test_mean_over_one_rank_is_the_value(mesh1):
     tree = {"loss": torch.tensor(2.5), "acc": torch.tensor([0.5, 1.0]), "n": 3}
-    out = fdist.mean_over_data_parallel(tree)
+    (_, layout), _, _ = _placed(mesh1)
+    out = fdist.mean_over_data_parallel(tree, layout)
     assert out["n"] == 3 and torch.equal(out["acc"], tree["acc"])
 
 
@@ -116,7 +145,7 @@ def test_accumulate_grads_equals_the_summed_objective(microbatches, seed):
         return lambda p: (((xs[i] @ p["w"]) + p["b"]).square().mean(), i)
 
     grads, outs = compute.accumulate_grads(
-        {"w": w, "b": b}, [objective(i) for i in range(microbatches)]
+        {"w": w, "b": b}, [objective(i) for i in range(microbatches)], None
     )
     total = sum(((xs[i] @ w) + b).square().mean() for i in range(microbatches))
     want = torch.autograd.grad(total, [w, b])
@@ -128,5 +157,7 @@ def test_accumulate_grads_equals_the_summed_objective(microbatches, seed):
 def test_accumulate_grads_zero_for_unused_params():
     w = torch.ones(2, requires_grad=True)
     unused = torch.ones(3, requires_grad=True)
-    grads, _ = compute.accumulate_grads({"w": w, "u": unused}, [lambda p: (p["w"].sum(), None)] * 2)
+    grads, _ = compute.accumulate_grads(
+        {"w": w, "u": unused}, [lambda p: (p["w"].sum(), None)] * 2, None
+    )
     assert torch.equal(grads[0], torch.full((2,), 2.0)) and torch.equal(grads[1], torch.zeros(3))

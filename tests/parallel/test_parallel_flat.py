@@ -29,7 +29,8 @@ def _layout(shapes_dims, n, rank, mode="shard", cap=1 << 30):
         slot = flat.make_slot(
             f"p{i}", shape, dim if mode == "shard" else None, n if mode == "shard" else 1, rank, 0
         )
-        entries.append((slot, mode, torch.float32, torch.float32, torch.float32))
+        kind = flat.Kind.SHARD if mode == "shard" else flat.Kind.REPLICATE
+        entries.append(flat.Entry(slot, kind, torch.float32, torch.float32, torch.float32))
     return flat.build_buckets(entries, cap)
 
 
@@ -101,21 +102,38 @@ def test_build_buckets_caps_size_and_groups_kinds():
     # interleaved kinds (sharded weights between replicated biases) still share one bucket each
     entries = []
     for i in range(4):
-        mode = "shard" if i % 2 == 0 else "replicate"
-        slot = flat.make_slot(
-            f"p{i}", (4,), 0 if mode == "shard" else None, 2 if mode == "shard" else 1, 0, 0
-        )
-        entries.append((slot, mode, torch.float32, torch.float32, torch.float32))
+        sharded = i % 2 == 0
+        slot = flat.make_slot(f"p{i}", (4,), 0 if sharded else None, 2 if sharded else 1, 0, 0)
+        kind = flat.Kind.SHARD if sharded else flat.Kind.REPLICATE
+        entries.append(flat.Entry(slot, kind, torch.float32, torch.float32, torch.float32))
     buckets = flat.build_buckets(entries, 1 << 20)
-    assert [(b.mode, [s.name for s in b.slots]) for b in buckets] == [
-        ("shard", ["p0", "p2"]),
-        ("replicate", ["p1", "p3"]),
+    assert [(b.kind, b.names) for b in buckets] == [
+        (flat.Kind.SHARD, ("p0", "p2")),
+        (flat.Kind.REPLICATE, ("p1", "p3")),
+    ]
+
+
+def test_frozen_and_gathered_at_use_parameters_keep_to_buckets_of_their_own():
+    def entry(name, **flags):
+        slot = flat.make_slot(name, (4,), 0, 2, 0, 0)
+        return flat.Entry(slot, flat.Kind.SHARD, *(torch.float32,) * 3, **flags)
+
+    entries = [entry("a"), entry("b", frozen=True), entry("c", at_use="m1"), entry("d")]
+    entries += [entry("e", at_use="m1"), entry("f", at_use="m2")]
+    buckets = flat.build_buckets(entries, 1 << 20)
+    assert [(b.names, b.frozen, b.at_use, b.reshard) for b in buckets] == [
+        (("a", "d"), False, None, False),
+        (("b",), True, None, False),
+        (("c", "e"), False, "m1", True),
+        (("f",), False, "m2", True),
     ]
 
 
 def test_pack_casts_to_bucket_dtype():
     slot = flat.make_slot("w", (4, 2), dim=0, n=2, rank=0, offset=0)
-    bucket = flat.Bucket("shard", (slot,), slot.numel, torch.bfloat16, torch.float32, torch.float32)
+    bucket = flat.Bucket(
+        flat.Kind.SHARD, (slot,), slot.numel, torch.bfloat16, torch.float32, torch.float32
+    )
     out = flat.pack_shards(bucket, [torch.ones(2, 2)], torch.empty(4, dtype=torch.bfloat16))
     assert out.dtype == torch.bfloat16 and bool((out == 1).all())
 

@@ -13,7 +13,6 @@ SCRIPT = textwrap.dedent(
     from functrain import parallel as fdist
 
     def run(mesh, plan):
-        fdist.set_current_mesh(mesh)
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3)).cuda()
         opt = functrain.optim.adamw(1e-2)

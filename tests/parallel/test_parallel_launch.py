@@ -76,7 +76,7 @@ PROBE = textwrap.dedent(
     import functrain.parallel as fdist
 
     fdist.init_mesh(dp_shard=-1)
-    rank, world = fdist.data_parallel_info()
+    rank, world = fdist.init_distributed()  # the existing world's (rank, size)
     print(f"probe rank={rank} world={world} argv={sys.argv[1:]}", flush=True)
     """
 )
@@ -103,7 +103,7 @@ CRASH = textwrap.dedent(
     import functrain.parallel as fdist
 
     fdist.init_mesh()
-    rank, _ = fdist.data_parallel_info()
+    rank, _ = fdist.init_distributed()
     dist.all_reduce(torch.ones(1))          # both ranks got this far
     if rank == 1:
         raise ValueError("boom on purpose")

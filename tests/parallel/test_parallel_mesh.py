@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import functrain
 from functrain import parallel as fdist
 from functrain.parallel import mesh as fmesh
 
@@ -41,17 +42,22 @@ def test_incomplete_environment_is_a_clear_error(monkeypatch):
 def test_single_process_default_needs_no_environment(mesh1, monkeypatch):
     assert mesh1.mesh_dim_names == fdist.MESH_DIMS
     assert tuple(mesh1.shape) == (1, 1, 1)
-    assert fdist.current_mesh() is mesh1
-    assert fdist.data_parallel_info() == (0, 1)
     assert fmesh.dp_size(mesh1) == 1 and fmesh.dp_rank(mesh1) == 0
     assert torch.distributed.get_world_size() == 1
 
 
-def test_no_mesh_means_one_process():
-    fdist.set_current_mesh(None)
-    assert fdist.data_parallel_info() == (0, 1)
+def test_no_layout_means_one_process():
+    assert fdist.data_parallel_info(None) == (0, 1)
     value = torch.tensor(3.0)
-    assert fdist.mean_over_data_parallel(value) is value
+    assert fdist.mean_over_data_parallel(value, None) is value
+    with pytest.raises(TypeError, match="Layout"):
+        fdist.data_parallel_info("fsdp")
+
+
+def test_making_a_mesh_leaves_no_process_state(mesh1):
+    """A mesh is a value: after one was made, a state built without it has no layout."""
+    state = functrain.init(torch.nn.Linear(2, 1), functrain.optim.sgd(lr=0.1))
+    assert state.layout is None and fdist.data_parallel_info(state.layout) == (0, 1)
 
 
 def test_check_mesh_rejects_foreign_objects(mesh1):

@@ -175,3 +175,28 @@ def test_reshard_after_forward_holds_one_module_at_a_time(tmp_path_factory):
 def test_reshard_names_the_cause_of_a_parameter_used_outside_its_module(tmp_path_factory):
     error = results(2, tmp_path_factory)["reshard_outside_use"]["error"]
     assert error is not None and "reshard_after_forward" in error and "plan='fsdp'" in error
+
+
+def test_two_models_with_the_same_names_and_different_plans_train_side_by_side(tmp_path_factory):
+    """fsdp with bf16 compute and ddp in fp32, one step each in turn: each equals its own
+    single-process run (computed by hand), so neither saw the other's policy."""
+    res = results(2, tmp_path_factory)["side_by_side"]
+    assert res["plans"] == ["fsdp", "ddp"]
+    assert res["a_param_dtype"] == "torch.bfloat16" and res["b_param_dtype"] == "None"
+    assert close(res["a_error"]) and close(res["b_error"]), res
+    # the references differ by far more than the tolerance: a leaked policy would show
+    assert res["bf16_vs_fp32"] is None or res["bf16_vs_fp32"] > 10 * TOLERANCE
+
+
+def test_optimizer_monitor_reports_whole_tensor_norms_under_fsdp(tmp_path_factory):
+    """OptimizerMonitor through fit on 2 fsdp ranks logs the norms of one process."""
+    res = results(2, tmp_path_factory)["optimizer_monitor"]
+    assert {"l2_norm/param/fc1", "l2_norm/grad/fc1", "l2_norm/param/global"} <= set(res["keys"])
+    assert res["max_rel_error"] <= TOLERANCE, res
+
+
+def test_nan_monitor_trips_on_every_rank_together(tmp_path_factory):
+    """A metric NaN on rank 1 only: rank 0's monitor raises too, naming the same step."""
+    res = results(2, tmp_path_factory)["nan_monitor"]
+    assert res["raised"], res["message"]
+    assert "at step 2" in res["message"] and "another rank" in res["message"]

@@ -146,10 +146,12 @@ def test_shard_params_puts_the_same_dtensors_in_the_model(mesh1, plan):
     assert model.head.weight is model.embed.weight  # still tied
     assert not model.fc2.bias.requires_grad
     if plan == "tp+fsdp":
-        assert (
-            model.fc1._functrain_tp_style == "colwise"
-            and model.fc2._functrain_tp_style == "rowwise"
-        )
+        assert dict(state.layout.tp_styles) == {"fc1": "colwise", "fc2": "rowwise"}
+    # nothing of the plan is left on the module: no attribute, hook or replaced forward
+    for module in model.modules():
+        assert not any(k.startswith("_functrain") for k in vars(module))
+        assert "forward" not in vars(module) and not module._forward_pre_hooks
+    assert state.layout.plan.name == plan and state.layout.dp_size == 1
 
 
 def _train_both_ways(mesh1, freeze, **step_options):
@@ -160,7 +162,6 @@ def _train_both_ways(mesh1, freeze, **step_options):
     ]
     results = []
     for mesh, plan in ((None, None), (mesh1, "fsdp")):
-        fdist.set_current_mesh(mesh)
         torch.manual_seed(0)
         model = Tied(freeze)
         opt = functrain.optim.adamw(1e-2)
@@ -222,7 +223,7 @@ def test_meta_model_materialises_per_module_from_the_seed(mesh1):
         model = build()
         params = {k: v.detach() for k, v in model.named_parameters()}
         return fdist.full_params(
-            plans.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=seed)
+            plans.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=seed)[0]
         )
 
     a, b, c = placed(3), placed(3), placed(4)
@@ -259,6 +260,8 @@ def test_param_dtype_casts_inputs_and_computes_in_it(mesh1):
     state, metrics = step(state, (torch.randn(5, 3), torch.randn(5, 2)))
     assert all(v.dtype == torch.float32 for v in state.params.values())
     assert torch.isfinite(metrics["loss"])
-    # a later plan without param_dtype removes the cast
-    functrain.init(model, opt, seed=0, mesh=mesh1, plan="fsdp")
-    assert model._functrain_input_cast is None
+    assert not model._forward_pre_hooks  # the cast is installed only while the step runs
+    # a second layout of the same model, without param_dtype: each state keeps its own
+    fp32 = functrain.init(model, opt, seed=0, mesh=mesh1, plan="fsdp")
+    assert step.pieces.call_model(fp32, torch.randn(5, 3)).dtype == torch.float32
+    assert step.pieces.call_model(state, torch.randn(5, 3)).dtype == torch.bfloat16

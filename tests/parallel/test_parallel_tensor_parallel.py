@@ -68,8 +68,10 @@ def test_one_rank_style_is_the_plain_layer(mesh1, style):
     x = torch.randn(3, 4, requires_grad=True)
     expected = layer(x)
     (want,) = torch.autograd.grad(expected.sum(), [x])
-    tpl.install_style(layer, style, mesh1["tp"])
-    out = layer(x)
+    with tpl.parallel_forwards(layer, {"": style}, mesh1["tp"].get_group()):
+        assert "forward" in vars(layer)  # the parallel forward, while the block runs
+        out = layer(x)
+    assert "forward" not in vars(layer)  # and nothing left on the module after
     (got,) = torch.autograd.grad(out.sum(), [x])
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(got, want)
