@@ -46,21 +46,18 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import precision as precision_lib
-from .batching import num_samples, split_batch
+from .batching import num_samples
 from .guards import skip_nonfinite
 from .optim import apply_updates, global_norm
 from .optim._foreach import is_dtensor, placed_alike
 from .parallel import compute as parallel_compute
-from .parallel.reshard import gathering_at_use
 from .pieces import (
     Algorithm,
     Batch,
@@ -70,39 +67,13 @@ from .pieces import (
     no_guard,
     normalize_loss,
 )
-from .rng import seed_for, seeded_global_rng
-from .state import TrainState, trainable_names
-from .step_checks import check_surgery_applied
+from .state import TrainState
+from .step_checks import check_config, check_surgery_applied
+from .step_grads import GradsPiece
 from .step_plan import Plans, StatePlan
 from .step_protocol import Evaluator
 
 __all__ = ["Algorithm", "GradResult", "Step", "StepPieces", "compose", "make_step"]
-
-
-class _Apply(torch.nn.Module):
-    """`fn(model, *args)` as a module, so `functional_call` can run it with other tensors in the
-    model: the one wrapper the step runs the model through (the loss, and `call_model`)."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, fn, *args, **kwargs):
-        return fn(self.model, *args, **kwargs)
-
-
-def _call(model, *args, **kwargs):
-    return model(*args, **kwargs)
-
-
-def _prefixed(prefix: str, tree: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {prefix + k: v for k, v in tree.items()}
-
-
-def _dp_info() -> tuple[int, int]:
-    """`(rank, world_size)` of data parallelism: the one place the step asks (a merge point for
-    the Layout, which will pass `state.layout`)."""
-    return parallel_compute.data_parallel_info()
 
 
 class Step:
@@ -125,17 +96,10 @@ class Step:
         self.config = config
         self.algorithms = tuple(algorithms)
         self._own_algorithms = _own_algorithms(config)
-        self._trainable = trainable_names(model)
-        self._trainable_set = frozenset(self._trainable)
-        self._module_params = dict(model.named_parameters())
-        self._module_buffers = dict(model.named_buffers())
-        self._apply_module = _Apply(model)
-        # functional_call re-derives tied weights on every call; decide once whether any are.
-        self._tied = _has_tied_tensors(model)
-        self._device_type = _device_type(model)
-        self._microbatch = None if config.microbatch_size == "auto" else config.microbatch_size
+        self._grads_piece = GradsPiece(model, config)
+        self._trainable = self._grads_piece.trainable
+        self._device_type = self._grads_piece.device_type
         self._plans = Plans()  # performance caches only: what a call decides is the same
-        self._aliases: tuple | None = None  # state tensors known to be the model's own
         pieces = self._base_pieces()
         for algorithm in self._own_algorithms + self.algorithms:
             pieces = algorithm.apply(pieces)
@@ -152,7 +116,7 @@ class Step:
     def with_options(self, **changes) -> Step:
         """The same step with some `StepConfig` options changed (e.g. `donate=True`)."""
         config = dataclasses.replace(self.config, **changes)
-        _check_config(config)
+        check_config(config)
         return Step(self.model, self.loss_fn, self.optimizer, config, self.algorithms)
 
     # -- the StepLike protocol ----------------------------------------------------------------
@@ -179,6 +143,10 @@ class Step:
 
     init_algorithms = init_state  # the name before the StepLike protocol
 
+    def call_model(self, state: TrainState, *args, **kwargs):
+        """Run the model with `state`'s params and buffers, without gradients."""
+        return self._grads_piece.call_model(state, *args, **kwargs)
+
     def evaluator(self) -> Evaluator:
         """How evaluation runs this step's model: the module, `call_model`, the loss."""
         return Evaluator(self.model, self.pieces.call_model, self.loss_fn)
@@ -187,166 +155,12 @@ class Step:
         return StepPieces(
             prepare=lambda state, batch: batch,
             loss=lambda model, batch: normalize_loss(self.loss_fn(model, batch)),
-            grads=self._grads,
+            grads=self._grads_piece,
             transform_grads=lambda grads, state: grads,
             update=self._update,
             after_update=lambda state: state,
             call_model=self.call_model,
         )
-
-    # -- running the model -------------------------------------------------------------------
-
-    def call_model(self, state: TrainState, *args, **kwargs):
-        """Run the model with `state`'s params and buffers, without gradients."""
-        tensors = {**parallel_compute.gather_params(state.params), **state.buffers}
-        with torch.no_grad(), gathering_at_use():
-            return self._with_tensors(tensors, _call, *args, **kwargs)
-
-    def _with_tensors(self, tensors: dict, fn: Callable, *args, **kwargs):
-        """`fn(model, *args, **kwargs)` with `tensors` swapped into the model for the call."""
-        return torch.func.functional_call(
-            self._apply_module,
-            _prefixed("model.", tensors),
-            (fn, *args),
-            kwargs,
-            tie_weights=self._tied,
-        )
-
-    def _in_place(self, state: TrainState) -> bool:
-        """True when `state`'s tensors *are* the model's own (a donating run from `init`): then
-        the model runs as it is, with no parameter swapping, exactly as a hand-written loop.
-
-        Decided by comparing storage once; later calls on the same tensors (a donating step
-        updates them in place) only test identity.
-        """
-        if (
-            self.config.grad_mode != "autograd"
-            or not self.config.donate
-            or torch.compiler.is_compiling()  # data_ptr comparisons would break the graph
-        ):
-            return False
-        known = self._aliases
-        if known is not None:
-            names, params, buffers = known
-            if (
-                tuple(state.params) == names
-                and len(state.buffers) == len(buffers)
-                and all(map(operator.is_, state.params.values(), params))
-                and all(map(operator.is_, state.buffers.values(), buffers))
-            ):
-                return True
-        if not self._state_is_model(state):
-            return False
-        self._aliases = (
-            tuple(state.params),
-            tuple(state.params.values()),
-            tuple(state.buffers.values()),
-        )
-        return True
-
-    def _state_is_model(self, state: TrainState) -> bool:
-        """True when every tensor of `state` shares storage and shape with the model's own."""
-        for names, mine in (
-            (state.params, self._module_params),
-            (state.buffers, self._module_buffers),
-        ):
-            if len(names) != len(mine):
-                return False
-            for k, tensor in mine.items():
-                other = names.get(k)
-                if (
-                    type(other) is not torch.Tensor
-                    or other.data_ptr() != tensor.data_ptr()
-                    or other.shape != tensor.shape
-                ):
-                    return False
-        return True
-
-    def _forward_loss(self, pieces: StepPieces, params, buffers, batch, in_place: bool = False):
-        """`pieces.loss` run with `params` and `buffers` swapped into the model."""
-        if in_place:  # the model already holds exactly these tensors
-            return pieces.loss(self.model, batch)
-        with gathering_at_use():  # FSDP with reshard_after_forward: modules gather at use
-            return self._with_tensors({**params, **buffers}, pieces.loss, batch)
-
-    # -- the default grads piece -------------------------------------------------------------
-
-    def _grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
-        config = self.config
-        rank, _ = _dp_info()
-        buffers = state.buffers
-        if not config.donate:  # BatchNorm updates its statistics in place: work on copies
-            buffers = {k: v.clone() for k, v in buffers.items()}
-        frozen = {}
-        if len(self._trainable) != len(state.params):
-            frozen = parallel_compute.gather_params(
-                {k: v for k, v in state.params.items() if k not in self._trainable_set}
-            )
-        microbatches = split_batch(batch, self._microbatch) if self._microbatch else [batch]
-        weights = _microbatch_weights(microbatches, config)
-        in_place = self._in_place(state)
-        autocast = precision_lib.autocast_context
-        precision, device_type = config.precision, self._device_type
-
-        def make_objective(index: int, microbatch: Batch, weight: float):
-            def objective(compute: dict) -> tuple[torch.Tensor, tuple]:
-                """The weighted loss of one microbatch, given the gathered trainable params."""
-                with self._forward_rng(state, rank, index), autocast(precision, device_type):
-                    params = {**frozen, **compute} if frozen else compute
-                    loss, aux = self._forward_loss(pieces, params, buffers, microbatch, in_place)
-                value = loss if loss.dtype is torch.float32 else loss.float()
-                return (value if weight == 1.0 else value * weight), (loss, aux)
-
-            return objective
-
-        objectives = [
-            make_objective(i, mb, w) for i, (mb, w) in enumerate(zip(microbatches, weights))
-        ]
-        source = self._module_params if in_place else state.params
-        if config.grad_mode == "func":
-            grads, outs = self._func_grads(source, objectives)
-        else:
-            # The model's own Parameters already require grad; other tensors get fresh leaves.
-            leaves = {
-                k: source[k] if in_place else source[k].detach().requires_grad_()
-                for k in self._trainable
-            }
-            plain = in_place or not any(map(is_dtensor, leaves.values()))  # in place: plain
-            if len(objectives) == 1 and plain:
-                grads, outs = _plain_grads(leaves, objectives[0])
-            else:  # one gather and one reduction per step, however many microbatches
-                grads, outs = parallel_compute.accumulate_grads(leaves, objectives)
-        if len(outs) == 1:
-            total_loss = outs[0][1][0].detach()
-            total_loss = total_loss if total_loss.dtype is torch.float32 else total_loss.float()
-        else:
-            total_loss = sum(loss.detach().float() * w for (_, (loss, _)), w in zip(outs, weights))
-        aux = outs[-1][1][1]
-        grads = parallel_compute.finalize_grads(dict(zip(self._trainable, grads)), state.params)
-        return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
-
-    def _forward_rng(self, state: TrainState, rank: int, index: int):
-        """The context seeding the global generator for microbatch `index` of this step."""
-        if torch.compiler.is_compiling():  # compile_step seeds once, outside the graph
-            return contextlib.nullcontext()
-        seed = seed_for(state.rng, state.step, "forward", rank * 65536 + index)
-        return seeded_global_rng(seed, self._device_type)
-
-    def _func_grads(self, source: dict, objectives: list) -> tuple[list, list]:
-        """Gradients by `torch.func.grad`, summed over the microbatches' objectives."""
-        leaves = {k: source[k] for k in self._trainable}
-        total, outs = None, []
-        for objective in objectives:
-
-            def with_aux(leaves, objective=objective):
-                value, rest = objective(parallel_compute.gather_params(leaves))
-                return value, (value.detach(), rest)
-
-            grads, out = torch.func.grad(with_aux, has_aux=True)(leaves)
-            grads = list(grads.values())
-            total = grads if total is None else torch._foreach_add(total, grads)
-            outs.append(out)
-        return total, outs
 
     # -- the default update piece (the optim engineer's fused fast path) ----------------------
 
@@ -418,7 +232,7 @@ class Step:
         """The pieces run in order, and the metrics (all but "lr", read by the caller)."""
         pieces = self.pieces
         batch = pieces.prepare(state, batch)
-        _, world = _dp_info()
+        _, world = parallel_compute.data_parallel_info()  # merge point: state.layout
         samples = num_samples(batch)
         if samples <= 0:
             raise ValueError("the batch is empty (0 samples): nothing to train on")
@@ -472,10 +286,10 @@ class Step:
             try:
                 return pieces.grads(pieces, state, batch)
             except torch.cuda.OutOfMemoryError:
-                current = self._microbatch or num_samples(batch)
+                current = self._grads_piece.microbatch or num_samples(batch)
                 if current <= 1:
                     raise
-                self._microbatch = current // 2  # remembered: a performance cache only
+                self._grads_piece.microbatch = current // 2  # remembered: a performance cache only
                 torch.cuda.empty_cache()
 
 
@@ -496,63 +310,6 @@ def _grad_norm(grads: dict, plain: bool) -> torch.Tensor:
         norms = torch._foreach_norm(list(grads.values()))
         dtype = torch.float64 if norms[0].dtype == torch.float64 else torch.float32
         return torch.linalg.vector_norm(torch.stack(norms), dtype=dtype)
-
-
-def _plain_grads(leaves: dict, objective: Callable) -> tuple[list, list]:
-    """`accumulate_grads` for one microbatch of plain tensors: nothing to gather or reduce, so
-    one `torch.autograd.grad`, as a hand-written loop's `backward()`."""
-    with torch.enable_grad():
-        value, aux = objective(leaves)
-    params = list(leaves.values())
-    grads = torch.autograd.grad(value, params, allow_unused=True)
-    grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-    return grads, [(None, aux)]  # the step reads only (loss, aux)
-
-
-def _has_tied_tensors(model: torch.nn.Module) -> bool:
-    """True when a parameter or buffer of `model` is reachable under more than one name."""
-    for named in (model.named_parameters, model.named_buffers):
-        tensors = [t for _, t in named(remove_duplicate=False)]
-        if len({id(t) for t in tensors}) != len(tensors):
-            return True
-    return False
-
-
-def _device_type(model: torch.nn.Module) -> str:
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        return tensor.device.type
-    return "cpu"
-
-
-def _microbatch_weights(microbatches: list, config: StepConfig) -> list[float]:
-    """Each microbatch's share of the batch, by samples or by tokens."""
-    if len(microbatches) == 1 and config.weight_by == "samples":
-        return [1.0]  # the batch's size is checked when the step counts its samples
-    if config.weight_by == "samples":
-        counts = [num_samples(mb) for mb in microbatches]
-    else:
-        counts = [int(config.count_tokens(mb)) for mb in microbatches]
-    total = sum(counts)
-    if total <= 0:
-        raise ValueError("the batch is empty (0 samples or tokens): nothing to train on")
-    return [c / total for c in counts]
-
-
-def _check_config(config: StepConfig) -> None:
-    precision_lib.check_precision(config.precision)
-    if config.weight_by not in ("samples", "tokens"):
-        raise ValueError(f"weight_by must be 'samples' or 'tokens', got {config.weight_by!r}")
-    if config.weight_by == "tokens" and config.count_tokens is None:
-        raise ValueError("weight_by='tokens' needs count_tokens=lambda batch: <number of tokens>")
-    if config.grad_mode not in ("autograd", "func"):
-        raise ValueError(f"grad_mode must be 'autograd' or 'func', got {config.grad_mode!r}")
-    size = config.microbatch_size
-    if size is not None and size != "auto":
-        # bool is an int subclass: True would pass as a microbatch of one sample
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(
-                f"microbatch_size must be a positive int, 'auto' or None; got {size!r}"
-            )
 
 
 def make_step(
@@ -606,7 +363,7 @@ def make_step(
         grad_mode=grad_mode,
         report_grad_norms=report_grad_norms,
     )
-    _check_config(config)
+    check_config(config)
     return Step(model, loss_fn, optimizer, config)
 
 

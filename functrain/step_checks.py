@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from . import precision as precision_lib
 from .optim._foreach import is_dtensor
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -180,3 +181,25 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     for b in model.buffers():
         memo[id(b)] = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device="meta")
     return copy.deepcopy(model, memo)
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def check_config(config: Any) -> None:
+    """Raise a clear error for an invalid `StepConfig` (the options of `make_step`)."""
+
+    precision_lib.check_precision(config.precision)
+    if config.weight_by not in ("samples", "tokens"):
+        raise ValueError(f"weight_by must be 'samples' or 'tokens', got {config.weight_by!r}")
+    if config.weight_by == "tokens" and config.count_tokens is None:
+        raise ValueError("weight_by='tokens' needs count_tokens=lambda batch: <number of tokens>")
+    if config.grad_mode not in ("autograd", "func"):
+        raise ValueError(f"grad_mode must be 'autograd' or 'func', got {config.grad_mode!r}")
+    size = config.microbatch_size
+    if size is not None and size != "auto":
+        # bool is an int subclass: True would pass as a microbatch of one sample
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(
+                f"microbatch_size must be a positive int, 'auto' or None; got {size!r}"
+            )
