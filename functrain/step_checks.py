@@ -111,7 +111,8 @@ def check_surgery_applied(model: torch.nn.Module, algorithms: Iterable[Any]) -> 
     The test: the algorithm's surgery runs on a copy of `model` whose tensors live on the meta
     device (no memory is copied). It has not run on `model` when that copy gains a module class
     `model` lacks (BlurPool's `BlurConv2d`, SqueezeExcite's blocks, ...) or a tensor changes
-    format (ChannelsLast) while no tensor keeps a non-default format. Re-running a surgery on its own result only adds more of the same
+    format (ChannelsLast) while no tensor keeps a non-default format (checked for the last
+    surgery of the list only: a later one may add tensors in the default format). Re-running a surgery on its own result only adds more of the same
     classes, and a surgery with nothing to change leaves the copy as it was; neither is an error.
 
     Args:
@@ -120,11 +121,12 @@ def check_surgery_applied(model: torch.nn.Module, algorithms: Iterable[Any]) -> 
     Raises:
         ValueError: naming the algorithm, what its surgery would change, and the fix.
     """
-    for algorithm in algorithms:
-        surgery = getattr(algorithm, "surgery", None)
-        if surgery is None:
-            continue
-        change = _unapplied_change(model, surgery)
+    surgeries = [a for a in algorithms if getattr(a, "surgery", None) is not None]
+    for index, algorithm in enumerate(surgeries):
+        # A later surgery may add tensors in the default layout (a factorized convolution after
+        # ChannelsLast), so layouts are evidence only for the last surgery in the list.
+        last = index == len(surgeries) - 1
+        change = _unapplied_change(model, algorithm.surgery, check_layouts=last)
         if change is not None:
             raise ValueError(
                 f"compose(step, {algorithm.name}): {algorithm.name}'s model surgery has not been "
@@ -136,7 +138,7 @@ def check_surgery_applied(model: torch.nn.Module, algorithms: Iterable[Any]) -> 
             )
 
 
-def _unapplied_change(model: torch.nn.Module, surgery: Any) -> str | None:
+def _unapplied_change(model: torch.nn.Module, surgery: Any, check_layouts: bool) -> str | None:
     """What `surgery` would still change in `model` that shows it never ran, or None."""
     try:
         after = surgery(_meta_copy(model))
@@ -157,7 +159,7 @@ def _unapplied_change(model: torch.nn.Module, surgery: Any) -> str | None:
         formats.get(n) == fmt and not t.is_contiguous()
         for n, fmt, t in _tensors_with_formats(model)
     )
-    if changed and not kept:
+    if check_layouts and changed and not kept:
         return f"change the layout or dtype of {changed[0]}"
     return None
 
