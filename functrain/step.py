@@ -138,10 +138,9 @@ class Step:
             return state
         algo_state = dict(algo_state)
         for algorithm in missing:
-            algo_state[algorithm.name] = algorithm.init(state)
+            if algorithm.name not in algo_state:  # two with one name: the first one's state
+                algo_state[algorithm.name] = algorithm.init(state)
         return state.replace(algo_state=algo_state)
-
-    init_algorithms = init_state  # the name before the StepLike protocol
 
     def call_model(self, state: TrainState, *args, **kwargs):
         """Run the model with `state`'s params and buffers, without gradients."""

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -141,7 +142,9 @@ def check_surgery_applied(model: torch.nn.Module, algorithms: Iterable[Any]) -> 
 def _unapplied_change(model: torch.nn.Module, surgery: Any, check_layouts: bool) -> str | None:
     """What `surgery` would still change in `model` that shows it never ran, or None."""
     try:
-        after = surgery(_meta_copy(model))
+        with warnings.catch_warnings():  # the surgery's own notes ("changed nothing") are for
+            warnings.simplefilter("ignore")  # apply_surgery; this is only a probe
+            after = surgery(_meta_copy(model))
     except Exception:  # noqa: BLE001 - a surgery that cannot run again on its result: applied
         return None
     if not isinstance(after, torch.nn.Module):
