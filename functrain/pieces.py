@@ -53,7 +53,9 @@ class StepPieces(NamedTuple):
         after_update: `state -> state`, EMA, SWA, ... (runs on skipped steps too: time passed).
         call_model: `(state, *args, **kwargs) -> outputs`, the model with the state's tensors,
             without gradients (evaluation, scoring).
-        guard: `(result, grad_norm, state) -> (state, skip)`, decides whether the update runs.
+        guard: `(result, grad_norm, state) -> (state, skip)`, decides whether the update runs
+            (`result.loss` is the mean over data-parallel ranks, as `grad_norm` is global, so
+            every rank decides alike).
             `skip` is a Python bool; a guard that looks at device values syncs once to get it
             (the default guard never does). The state it returns carries the guard's own
             bookkeeping (the fp16 loss scale). On a skipped step params, buffers and the

@@ -244,10 +244,13 @@ class Step:
         result = self._run_grads(pieces, state, batch)
         grad_norm = _grad_norm(result.grads, plan.plain_grads)
         grads = pieces.transform_grads(result.grads, state)
+        # The mean over data-parallel ranks: the metric, and what a guard decides on, so that
+        # every rank skips the same steps (a rank-local NaN loss would split them otherwise).
+        loss = parallel_compute.mean_over_data_parallel(result.loss)
         with_buffers = (
             state if result.buffers is state.buffers else state.replace(buffers=result.buffers)
         )
-        guarded, skipped = pieces.guard(result, grad_norm, with_buffers)
+        guarded, skipped = pieces.guard(result._replace(loss=loss), grad_norm, with_buffers)
         if skipped:  # nothing is written: params, buffers and optimizer state stay as they were
             if saved is not None:
                 torch._foreach_copy_(list(state.buffers.values()), saved)
@@ -265,7 +268,7 @@ class Step:
         metrics = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
         }
-        metrics["loss"] = parallel_compute.mean_over_data_parallel(result.loss)
+        metrics["loss"] = loss
         metrics["grad_norm"] = grad_norm
         metrics["samples"] = samples
         metrics["tokens"] = tokens

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 
 import functrain
 from functrain import algorithms as A
-from functrain import optim
-from functrain import step_checks
+from functrain import optim, step_checks
 from functrain.models import SmallResNet
 
 

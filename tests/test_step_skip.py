@@ -3,6 +3,10 @@ step leaves params, buffers and optimizer state bit-identical, and the run after
 hand-written loop that never applied that batch's update."""
 
 import copy
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -195,3 +199,38 @@ def test_a_custom_guard_decides_and_update_is_not_called_on_a_skip(donate):
         skipped.append(metrics["skipped"])
     assert calls == [0, 2] and skipped == [False, True, False, True]
     assert state.step == 4
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.slow
+def test_every_rank_skips_the_steps_one_rank_found_bad(tmp_path):
+    sys.path.insert(0, HERE)
+    try:
+        import step_skip_worker
+    finally:
+        sys.path.remove(HERE)
+    one = step_skip_worker.train()  # one process, the whole batches
+    out = tmp_path / "two.json"
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.dirname(HERE), env.get("PYTHONPATH")) if p
+    )
+    worker = os.path.join(HERE, "step_skip_worker.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "functrain.launch", "-n", "2", worker, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert one["skipped"] == [False, True, False, True, False]
+    for plan, two in json.loads(out.read_text()).items():
+        assert two["skipped"] == one["skipped"], plan
+        assert two["step"] == 5
+        for name, value in one["params"].items():
+            got, expected = torch.tensor(two["params"][name]), torch.tensor(value)
+            assert torch.allclose(got, expected, atol=1e-5, rtol=0), (plan, name)
