@@ -3,7 +3,12 @@
 Compiling the model alone leaves the optimizer's many small kernels in eager mode; compiling the
 step puts forward, backward and the update into one graph, so the optimizer's element-wise work
 fuses too. The host-side parts stay outside the graph: seeding the global generator from the
-step's key, initialising algorithm state, and the data-side `prepare` piece.
+step's key, initialising algorithm state, the data-side `prepare` piece, the step's per-structure
+plan (`Step.plan_for`: the optimizer-state check, the learning-rate lookup) and reading the "lr"
+metric. A guard (fp16 loss scaling, `skip_nonfinite`) decides on the host, so it splits the graph
+in two at that point.
+
+`CompiledStep` implements `functrain.StepLike` like the step it was made from.
 
 Example:
     >>> fast = compile_step(make_step(model, loss_fn, optimizer))
@@ -63,11 +68,17 @@ class CompiledStep:
         """How evaluation runs the model (eagerly, as the step it was made from)."""
         return self.step.evaluator()
 
-    def _core(self, state: TrainState, batch: Any):
-        return Step.__call__(self._core_step, state, batch)
+    def _core(self, state: TrainState, batch: Any, plan: Any):
+        return Step._fold(self._core_step, plan, state, batch)
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
+        if not isinstance(state, TrainState):
+            raise TypeError(
+                f"a step takes (TrainState, batch); got {type(state).__name__} as the state "
+                "(build one with functrain.init(model, optimizer))"
+            )
         state = self.step.init_state(state)
+        plan = self._core_step.plan_for(state)
         batch = self.pieces.prepare(state, batch)
         rank, _ = data_parallel_info(state.layout)
         seed = seed_for(state.rng, state.step, "forward", rank * 65536)
@@ -80,7 +91,10 @@ class CompiledStep:
             # the layout's input cast and TP forwards, installed outside the graph
             parallel_running(self.step.model, state.layout),
         ):
-            return self._compiled(state, batch)
+            new_state, metrics = self._compiled(state, batch, plan)
+        self._core_step._plans.produced(new_state.opt_state, plan)
+        metrics["lr"] = plan.read_lr(new_state.opt_state)
+        return new_state, metrics
 
 
 def compile_step(step: Step, **compile_options: Any) -> CompiledStep:

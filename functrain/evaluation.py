@@ -1,9 +1,12 @@
 """`evaluate` and `predict`: a state's params run over data without gradients, with callbacks.
 
 `fit` evaluates through the same `run_eval`, so a standalone evaluation and one inside a run
-report the same numbers. The model runs through `step.pieces.call_model` (a Step) or
-`torch.func.functional_call` (a plain module with a state's tensors), in eval mode, and one
-forward pass serves both the loss and the metrics.
+report the same numbers. The model runs through the step's `evaluator().call_model` (a step) or
+`torch.func.functional_call` (a plain module with a state's tensors), in eval mode. The loss and
+the metrics share one forward pass: `loss_fn` and `eval_fn` receive a
+`functrain.model_calls.ModelCalls`, so `eval_fn` calling the model with the same tensors as
+`loss_fn` did gets the outputs `loss_fn` saw; without `eval_fn` the metrics use the outputs of
+`loss_fn`'s first model call (or `model(batch[input_key])` when there is no loss).
 
 Example:
     >>> metrics = evaluate(step, state, Loader(test_set, 512, shuffle=False, drop_last=False),
@@ -22,6 +25,8 @@ from .batching import to_device
 from .data import place
 from .events import Context, Event, dispatch
 from .metrics import Mean, resolve_metrics
+from .model_calls import ModelCalls
+from .pieces import normalize_loss
 from .state import TrainState
 from .step_protocol import as_step
 
@@ -79,33 +84,6 @@ def describe_batch(batch: Any) -> str:
 
     text = one(batch)
     return text if len(text) < 300 else text[:297] + "..."
-
-
-class _ModelProxy:
-    """Runs the model with a state's params, without gradients, remembering its last outputs.
-
-    `loss_fn(model, batch)` and `eval_fn(model, batch)` receive this in place of the module: a call
-    with the same arguments as the previous one returns the cached outputs, so computing the loss
-    and the metrics costs one forward pass. Attribute access falls through to the module.
-    """
-
-    def __init__(self, call: Callable[..., Any], module: torch.nn.Module | None):
-        self._call, self._module = call, module
-        self._key: tuple | None = None
-        self.last_outputs: Any = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = tuple(id(a) for a in args) + tuple((k, id(v)) for k, v in sorted(kwargs.items()))
-        if key != self._key:
-            with torch.no_grad():
-                self.last_outputs = self._call(*args, **kwargs)
-            self._key = key
-        return self.last_outputs
-
-    def __getattr__(self, name: str) -> Any:
-        if self._module is None:
-            raise AttributeError(name)
-        return getattr(self._module, name)
 
 
 def _runner(step_or_model: Any, state: TrainState | None):
@@ -181,9 +159,7 @@ def run_eval(
     target_key=1,
 ) -> dict[str, float]:
     call, module, loss_fn = _runner(step_or_model, state)
-    from .step import normalize_loss
-
-    proxy = _ModelProxy(call, module)
+    model = ModelCalls(call, module)
     loss_mean = Mean("loss") if loss_fn is not None else None
     for metric in metrics.values():
         metric.reset()
@@ -195,22 +171,26 @@ def run_eval(
                 batch = to_device(batch, device, non_blocking=True)
             ctx.batch, ctx.outputs = batch, None
             emit(Event.EVAL_BATCH_START)
+            model.reset()
             if loss_fn is not None:
-                loss, _ = normalize_loss(loss_fn(proxy, batch))
+                loss, _ = normalize_loss(loss_fn(model, batch))
                 loss_mean.update(loss, _batch_size(batch))
+                model.replay()  # eval_fn's calls reuse the forward passes loss_fn made
             if eval_fn is not None:
-                outputs, targets = eval_fn(proxy, batch)
-            elif metrics:
-                if proxy.last_outputs is None:
-                    proxy(_get(batch, input_key, "inputs"))
-                outputs, targets = proxy.last_outputs, _get(batch, target_key, "targets")
+                outputs, targets = eval_fn(model, batch)
             else:
-                outputs, targets = proxy.last_outputs, None
+                if model.recorded:
+                    outputs = model.first_outputs()
+                elif metrics:
+                    outputs = model(_get(batch, input_key, "inputs"))
+                else:
+                    outputs = None
+                targets = _get(batch, target_key, "targets") if metrics else None
             for metric in metrics.values():
                 metric.update(outputs, targets)
             ctx.outputs = outputs
             emit(Event.EVAL_BATCH_END)
-            proxy._key, proxy.last_outputs = None, None
+    model.reset()  # drop the last batch's recorded outputs
     results = {}
     if loss_mean is not None:
         results["loss"] = loss_mean.compute()
@@ -317,7 +297,7 @@ def predict(
     ctx = Context(state=state, rank=rank, world_size=world)
     device = state_device(state) if state is not None else None
     call, module, _ = _runner(step_or_model, state)
-    proxy = _ModelProxy(call, module)
+    model = ModelCalls(call, module)
     outputs_all = []
     dispatch(Event.PREDICT_START, callbacks, ctx)
     with _EvalMode(module), torch.no_grad():
@@ -326,20 +306,21 @@ def predict(
                 batch = to_device(batch, device, non_blocking=True)
             ctx.batch, ctx.outputs = batch, None
             dispatch(Event.PREDICT_BATCH_START, callbacks, ctx)
+            model.reset()
             if predict_fn is not None:
-                outputs = predict_fn(proxy, batch)
+                outputs = predict_fn(model, batch)
             elif isinstance(batch, Mapping):
-                outputs = proxy(**batch)
+                outputs = model(**batch)
             elif isinstance(batch, (tuple, list)):
-                outputs = proxy(_get(batch, input_key, "inputs"))
+                outputs = model(_get(batch, input_key, "inputs"))
             else:
-                outputs = proxy(batch)
-            proxy._key = None
+                outputs = model(batch)
             if to_cpu:
                 outputs = _to_cpu(outputs)
             ctx.outputs = outputs
             dispatch(Event.PREDICT_BATCH_END, callbacks, ctx)
             outputs_all.append(outputs)
+    model.reset()
     ctx.batch = ctx.outputs = None
     dispatch(Event.PREDICT_END, callbacks, ctx)
     return outputs_all

@@ -1,7 +1,9 @@
 """The step's record types: `StepPieces`, `GradResult`, `Algorithm`, `StepConfig`.
 
-These are the nouns `functrain.step` is built from and that speedup algorithms rewrite; they live
-apart from the step's machinery so an algorithm module can import them without pulling the step.
+These are the nouns `functrain.step` is built from and that speedup algorithms rewrite. They live
+apart from the step's machinery so that modules the step itself builds on (precision, guards) can
+use them without importing the step; `functrain.step` re-exports them, and that is where
+algorithms import them from (`from functrain.step import Algorithm, StepPieces`).
 
 Example:
     >>> def no_op(pieces: StepPieces) -> StepPieces:
@@ -31,8 +33,35 @@ class GradResult(NamedTuple):
     buffers: dict[str, torch.Tensor]  # buffers after the forward pass(es)
 
 
+def no_guard(result: GradResult, grad_norm: torch.Tensor, state: TrainState):
+    """The default `guard` piece: never skip, change nothing (and never sync with the device)."""
+    del result, grad_norm
+    return state, False
+
+
 class StepPieces(NamedTuple):
-    """The named pieces a step is made of (see the module docstring for the order)."""
+    """The named pieces a step is made of, in the order the step runs them.
+
+    Attributes:
+        prepare: `(state, batch) -> batch`, the data side (MixUp, resizing, ...).
+        loss: `(model, batch) -> (loss, aux)`, the user's loss function, normalised.
+        grads: `(pieces, state, batch) -> GradResult`, forward, loss and gradients
+            (microbatched); calls `pieces.loss`.
+        transform_grads: `(grads, state) -> grads`, clipping, SAM's correction, ...
+        update: `(grads, state) -> state`, the optimizer and `apply_updates`. Called only for
+            steps the guard does not skip.
+        after_update: `state -> state`, EMA, SWA, ... (runs on skipped steps too: time passed).
+        call_model: `(state, *args, **kwargs) -> outputs`, the model with the state's tensors,
+            without gradients (evaluation, scoring).
+        guard: `(result, grad_norm, state) -> (state, skip)`, decides whether the update runs
+            (`result.loss` is the mean over data-parallel ranks, as `grad_norm` is global, so
+            every rank decides alike).
+            `skip` is a Python bool; a guard that looks at device values syncs once to get it
+            (the default guard never does). The state it returns carries the guard's own
+            bookkeeping (the fp16 loss scale). On a skipped step params, buffers and the
+            optimizer state are left exactly as they were; `state.step` and the timestamp still
+            advance (the batch was consumed).
+    """
 
     prepare: Callable[[TrainState, Batch], Batch]
     loss: Callable[[Callable, Batch], tuple[torch.Tensor, dict]]
@@ -41,6 +70,7 @@ class StepPieces(NamedTuple):
     update: Callable[[dict, TrainState], TrainState]
     after_update: Callable[[TrainState], TrainState]
     call_model: Callable[..., Any]
+    guard: Callable[[GradResult, torch.Tensor, TrainState], tuple[TrainState, bool]] = no_guard
 
 
 class Algorithm(NamedTuple):
@@ -78,7 +108,7 @@ class StepConfig:
 
 def normalize_loss(out: Any) -> tuple[torch.Tensor, dict]:
     """`loss` or `(loss, aux)` from a loss function as `(loss, aux_dict)`."""
-    if isinstance(out, torch.Tensor):
+    if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
         loss, aux = out, {}
     elif isinstance(out, (tuple, list)) and len(out) == 2:
         loss, aux = out
@@ -93,4 +123,5 @@ def normalize_loss(out: Any) -> tuple[torch.Tensor, dict]:
             "loss_fn must return a scalar loss tensor (reduce it, e.g. with .mean()); got "
             f"{'shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else type(loss)}"
         )
-    return loss.reshape(()), aux
+    # A 0-d loss (the usual `.mean()`) is returned as it is: no reshape op per step.
+    return (loss if loss.dim() == 0 else loss.reshape(())), aux

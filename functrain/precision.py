@@ -4,7 +4,10 @@
 does the same in float16 and scales the loss so small gradients survive, with the scale kept in
 `state.algo_state["loss_scale"]` (so it checkpoints and resumes like everything else).
 
-The scale update is written with `torch.where`, so it never forces a host sync.
+Loss scaling is an `Algorithm` (`loss_scaling()`) that `make_step(precision="amp_fp16")` composes
+first: its `grads` wrapper scales the loss going in and unscales the gradients coming out, and its
+`guard` halves the scale and skips the update on a step whose gradients overflowed (one host sync
+per step, as `torch.amp.GradScaler` does). The scale itself is updated with `torch.where`.
 
 Example:
     >>> with autocast_context("amp_bf16", "cpu"):
@@ -19,6 +22,9 @@ import contextlib
 from typing import NamedTuple
 
 import torch
+
+from .guards import all_finite
+from .pieces import Algorithm, StepPieces
 
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 LOSS_SCALE_KEY = "loss_scale"
@@ -81,3 +87,69 @@ def update_loss_scale(
     )
     good = torch.where(grow, torch.zeros_like(good), good)
     return LossScaleState(scale=scale, good_steps=good)
+
+
+def loss_scaling(
+    init_scale: float = 2.0**16,
+    *,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+) -> Algorithm:
+    """Dynamic fp16 loss scaling as pieces (what `make_step(precision="amp_fp16")` composes).
+
+    The `grads` wrapper multiplies each microbatch's loss by the scale before differentiating and
+    divides the gradients and the reported loss by it after (the scale is a power of two, so
+    both are exact); the `guard` wrapper updates the scale (`update_loss_scale`) and skips the
+    update when the gradients or the loss are not finite.
+
+    Args:
+        init_scale: the first scale.
+        growth_factor, backoff_factor, growth_interval: see `update_loss_scale`.
+    Returns:
+        the `Algorithm` named "loss_scale", its state a `LossScaleState` in
+        `state.algo_state["loss_scale"]`.
+    """
+
+    def init(state) -> LossScaleState:
+        device = next(iter(state.params.values())).device if state.params else "cpu"
+        return init_loss_scale(init_scale, device=device)
+
+    def apply(pieces: StepPieces) -> StepPieces:
+        inner_grads, inner_guard = pieces.grads, pieces.guard
+
+        def grads(all_pieces, state, batch):
+            scale = state.algo_state[LOSS_SCALE_KEY].scale
+            loss = all_pieces.loss
+
+            def scaled_loss(model, batch):
+                value, aux = loss(model, batch)
+                # In float32: the scaled loss of a float16 forward would overflow in float16.
+                return value.float() * scale, aux
+
+            result = inner_grads(all_pieces._replace(loss=scaled_loss), state, batch)
+            return result._replace(
+                grads=dict(
+                    zip(result.grads, torch._foreach_div(list(result.grads.values()), scale))
+                ),
+                loss=result.loss / scale,
+            )
+
+        def guard(result, grad_norm, state):
+            state, skip = inner_guard(result, grad_norm, state)
+            finite = all_finite(result, grad_norm)
+            current = state.algo_state[LOSS_SCALE_KEY]
+            scale = update_loss_scale(
+                current,
+                finite,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+            )
+            state = state.replace(algo_state={**state.algo_state, LOSS_SCALE_KEY: scale})
+            # One host sync per step: an overflowed update must not run at all.
+            return state, skip or not bool(finite)
+
+        return pieces._replace(grads=grads, guard=guard)
+
+    return Algorithm(name=LOSS_SCALE_KEY, apply=apply, init=init)

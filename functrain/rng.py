@@ -1,7 +1,10 @@
 """Counter-based random keys: every random choice is a pure function of (seed, step, purpose, rank).
 
-No global generator is ever consulted, so a run is bit-identical under the same seed, and a resumed
-run draws exactly what the uninterrupted one would have drawn at that step.
+functrain's own draws (MixUp, CutMix, dropout masks of its algorithms, ...) take a generator from
+`key_for`, so a run is bit-identical under the same seed, and a resumed run draws exactly what the
+uninterrupted one would have drawn at that step. Modules that draw from torch's global generator
+(`nn.Dropout`) are made just as reproducible by `seeded_global_rng`, which the step wraps around
+each forward pass: the global generator is seeded from the step's key and restored afterwards.
 
 Example:
     >>> rng = RngState(seed=0)
@@ -13,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from typing import NamedTuple
 
@@ -57,26 +59,39 @@ def key_for(
     return gen
 
 
-@contextlib.contextmanager
-def seeded_global_rng(seed: int, device: torch.device | str = "cpu"):
+class seeded_global_rng:  # noqa: N801 - used like a function: `with seeded_global_rng(...)`
     """Run a block with torch's global generator seeded to `seed`, restoring it afterwards.
 
     Modules such as `nn.Dropout` draw from the global generator; the step wraps the forward pass in
     this so that their masks, too, are a pure function of the key. (It seeds the generator object
     directly: `torch.manual_seed` also queues a seed for every CUDA device, which costs a stack
-    capture per call.)
+    capture per call. A class rather than a generator function: it runs on every forward pass.)
+
+    Example:
+        >>> with seeded_global_rng(7):
+        ...     a = torch.rand(2)
+        >>> with seeded_global_rng(7):
+        ...     b = torch.rand(2)
+        >>> bool((a == b).all())
+        True
     """
-    device = torch.device(device)
-    generators = [torch.default_generator]
-    if device.type == "cuda":
-        generators.append(
-            torch.cuda.default_generators[device.index or torch.cuda.current_device()]
-        )
-    saved = [g.get_state() for g in generators]
-    try:
-        for g in generators:
-            g.manual_seed(seed)
-        yield
-    finally:
-        for g, s in zip(generators, saved):
-            g.set_state(s)
+
+    __slots__ = ("_generators", "_saved", "_seed")
+
+    def __init__(self, seed: int, device: torch.device | str = "cpu"):
+        self._seed = seed
+        self._generators = [torch.default_generator]
+        device = torch.device(device)
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self._generators.append(torch.cuda.default_generators[index])
+        self._saved: list = []
+
+    def __enter__(self) -> None:
+        self._saved = [g.get_state() for g in self._generators]
+        for g in self._generators:
+            g.manual_seed(self._seed)
+
+    def __exit__(self, *exc) -> None:
+        for g, state in zip(self._generators, self._saved):
+            g.set_state(state)

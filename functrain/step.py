@@ -1,26 +1,35 @@
-"""The training step: `(state, batch) -> (state, metrics)`, built from small named pieces.
+"""The training step: `(state, batch) -> (state, metrics)`, a fold over small named pieces.
 
-`make_step(model, loss_fn, optimizer)` returns a `Step`. Calling it runs, in order:
+`make_step(model, loss_fn, optimizer)` returns a `Step`. Calling it runs its pieces in order:
 
     prepare(state, batch)                 -> batch        the data side (MixUp, resizing, ...)
     grads(pieces, state, batch)           -> GradResult   forward + loss + gradients, microbatched;
                                                           calls pieces.loss(model, batch)
     transform_grads(grads, state)         -> grads        clipping, SAM's correction, ...
-    update(grads, state)                  -> state        optimizer + apply_updates
+    guard(result, grad_norm, state)       -> state, skip  fp16 loss scale, skip_nonfinite
+    update(grads, state)                  -> state        optimizer + apply_updates (not on a skip)
     after_update(state)                   -> state        EMA, SWA, ...
 
-The pieces live in a `StepPieces` record on the step (`step.pieces`). A speedup algorithm is an
-`Algorithm` whose `apply` rewrites some pieces and leaves the others alone, so
-`compose(step, label_smoothing(0.1), ema())` is ordinary function composition.
+and returns the state with `step` and the timestamp advanced, and the metrics. The pieces live in
+a `StepPieces` record on the step (`step.pieces`). A speedup algorithm is an `Algorithm` whose
+`apply` rewrites some pieces and leaves the others alone, so `compose(step, label_smoothing(0.1),
+ema())` is ordinary function composition. The step's own options are algorithms too, composed
+first: `precision="amp_fp16"` is `functrain.precision.loss_scaling()`, `skip_nonfinite=True` is
+`functrain.guards.skip_nonfinite()`.
 
 Purity contract: by default a step never modifies the input state (new tensors are returned, and
 BatchNorm statistics are updated on copies). `donate=True` (JAX's `donate_argnums`) lets the step
 reuse the input state's memory: parameters and optimizer state are updated in place and the input
-state must not be used afterwards. `fit` donates, as the loop owns the state.
+state must not be used afterwards. `fit` donates, as the loop owns the state. A step the guard
+skips leaves params, buffers and optimizer state exactly as they were, donated or not.
 
 Randomness: modules that draw from torch's global generator (dropout, stochastic depth) run with
 that generator seeded from `key_for(state.rng, state.step, "forward", rank)` and restored after, so
 a run is a pure function of its seed.
+
+Decided once: the step checks an optimizer state against the parameters, finds where its learning
+rate lives and how to take the gradient norm when it first sees a state it did not produce (see
+`functrain.step_plan`); later calls on its own outputs only reuse those decisions.
 
 Example:
     >>> model = torch.nn.Linear(4, 1)
@@ -37,7 +46,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -45,52 +53,41 @@ from typing import Any
 import torch
 
 from . import precision as precision_lib
-from .batching import num_samples, split_batch
-from .optim import apply_updates, current_lr, global_norm
+from .batching import num_samples
+from .guards import skip_nonfinite
+from .optim import apply_updates, global_norm
 from .optim._foreach import is_dtensor, placed_alike
-from .parallel import InFlight, data_parallel_info, norms
 from .parallel import compute as parallel_compute
-from .parallel import running as parallel_running
-from .pieces import Algorithm, Batch, GradResult, StepConfig, StepPieces, normalize_loss
-from .rng import seed_for, seeded_global_rng
-from .state import TrainState, trainable_names
+from .parallel import data_parallel_info, norms
+from .pieces import (
+    Algorithm,
+    Batch,
+    GradResult,
+    StepConfig,
+    StepPieces,
+    no_guard,
+    normalize_loss,
+)
+from .state import TrainState
+from .step_checks import check_config, check_surgery_applied
+from .step_grads import GradsPiece
+from .step_plan import Plans, StatePlan
 from .step_protocol import Evaluator
 
-
-class _LossModule(torch.nn.Module):
-    """Wraps `loss_fn(model, batch)` as a module so `functional_call` can swap the params in."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch, loss_fn):
-        return loss_fn(self.model, batch)
-
-
-class _CallModule(torch.nn.Module):
-    """Wraps the model so `call_model` can run it with a state's params."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args, **kwargs):
-        return self.model(*args, **kwargs)
-
-
-def _prefixed(prefix: str, tree: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {prefix + k: v for k, v in tree.items()}
+__all__ = ["Algorithm", "GradResult", "Step", "StepPieces", "compose", "make_step"]
 
 
 class Step:
     """A training step `(state, batch) -> (state, metrics)`; build it with `make_step`.
 
+    Implements `functrain.StepLike` (`donated`, `init_state`, `evaluator`).
+
     Attributes:
         pieces: the `StepPieces` record.
         model: the skeleton module the params run in.
         config: the `StepConfig`.
-        algorithms: the `Algorithm`s composed into it, in order.
+        algorithms: the `Algorithm`s composed into it, in order (the step's own, for precision
+            and skipping, are not listed: they follow from `config`).
     """
 
     def __init__(self, model, loss_fn, optimizer, config: StepConfig, algorithms=()):
@@ -99,16 +96,13 @@ class Step:
         self.optimizer = optimizer
         self.config = config
         self.algorithms = tuple(algorithms)
-        self._trainable = trainable_names(model)
-        self._trainable_set = frozenset(self._trainable)
-        self._module_params = dict(model.named_parameters())
-        self._module_buffers = dict(model.named_buffers())
-        self._loss_module = _LossModule(model)
-        self._call_module = _CallModule(model)
-        self._device_type = _device_type(model)
-        self._microbatch = None if config.microbatch_size == "auto" else config.microbatch_size
+        self._own_algorithms = _own_algorithms(config)
+        self._grads_piece = GradsPiece(model, config)
+        self._trainable = self._grads_piece.trainable
+        self._device_type = self._grads_piece.device_type
+        self._plans = Plans()  # performance caches only: what a call decides is the same
         pieces = self._base_pieces()
-        for algorithm in self.algorithms:
+        for algorithm in self._own_algorithms + self.algorithms:
             pieces = algorithm.apply(pieces)
             if not isinstance(pieces, StepPieces):
                 raise TypeError(
@@ -116,18 +110,15 @@ class Step:
                     f"got {type(pieces).__name__}"
                 )
         self.pieces = pieces
+        self._guarded = pieces.guard is not no_guard
 
     # -- building ----------------------------------------------------------------------------
 
     def with_options(self, **changes) -> Step:
         """The same step with some `StepConfig` options changed (e.g. `donate=True`)."""
-        return Step(
-            self.model,
-            self.loss_fn,
-            self.optimizer,
-            dataclasses.replace(self.config, **changes),
-            self.algorithms,
-        )
+        config = dataclasses.replace(self.config, **changes)
+        check_config(config)
+        return Step(self.model, self.loss_fn, self.optimizer, config, self.algorithms)
 
     # -- the StepLike protocol ----------------------------------------------------------------
 
@@ -136,8 +127,25 @@ class Step:
         return self if self.config.donate else self.with_options(donate=True)
 
     def init_state(self, state: TrainState) -> TrainState:
-        """`state` with what this step keeps in it (algorithm states, the fp16 loss scale)."""
-        return self.init_algorithms(state)
+        """`state` with an `algo_state` entry for every composed algorithm that keeps one (the
+        fp16 loss scale included) and lacks it; the same object when nothing is missing."""
+        algo_state = state.algo_state
+        missing = [
+            a
+            for a in self._own_algorithms + self.algorithms
+            if a.init is not None and a.name not in algo_state
+        ]
+        if not missing:
+            return state
+        algo_state = dict(algo_state)
+        for algorithm in missing:
+            if algorithm.name not in algo_state:  # two with one name: the first one's state
+                algo_state[algorithm.name] = algorithm.init(state)
+        return state.replace(algo_state=algo_state)
+
+    def call_model(self, state: TrainState, *args, **kwargs):
+        """Run the model with `state`'s params and buffers, without gradients."""
+        return self._grads_piece.call_model(state, *args, **kwargs)
 
     def evaluator(self) -> Evaluator:
         """How evaluation runs this step's model: the module, `call_model`, the loss."""
@@ -147,149 +155,14 @@ class Step:
         return StepPieces(
             prepare=lambda state, batch: batch,
             loss=lambda model, batch: normalize_loss(self.loss_fn(model, batch)),
-            grads=self._grads,
+            grads=self._grads_piece,
             transform_grads=lambda grads, state: grads,
             update=self._update,
             after_update=lambda state: state,
             call_model=self.call_model,
         )
 
-    # -- the default pieces ------------------------------------------------------------------
-
-    def call_model(self, state: TrainState, *args, **kwargs):
-        """Run the model with `state`'s params and buffers, without gradients."""
-        layout, inflight = state.layout, InFlight(state.layout)
-        tensors = {
-            **parallel_compute.gather_params(state.params, layout, inflight),
-            **state.buffers,
-        }
-        with torch.no_grad(), parallel_running(self.model, layout, inflight):
-            return torch.func.functional_call(
-                self._call_module, _prefixed("model.", tensors), args, kwargs
-            )
-
-    def _state_is_model(self, state: TrainState) -> bool:
-        """True when `state`'s tensors *are* the model's own (a donating run from `init`).
-
-        Then the model can run as it is, with no parameter swapping: the fast path, exactly what
-        a hand-written loop does.
-        """
-        if (
-            self.config.grad_mode != "autograd"
-            or not self.config.donate
-            or torch.compiler.is_compiling()  # data_ptr comparisons would break the graph
-        ):
-            return False
-        for names, mine in (
-            (state.params, self._module_params),
-            (state.buffers, self._module_buffers),
-        ):
-            if len(names) != len(mine):
-                return False
-            for k, tensor in mine.items():
-                other = names.get(k)
-                if (
-                    type(other) is not torch.Tensor
-                    or other.data_ptr() != tensor.data_ptr()
-                    or other.shape != tensor.shape
-                ):
-                    return False
-        return True
-
-    def _forward_loss(
-        self, pieces: StepPieces, params, buffers, batch, in_place=False, layout=None, inflight=None
-    ):
-        """`pieces.loss` run with `params` and `buffers` swapped into the model (under `layout`)."""
-        if in_place:  # the model already holds exactly these tensors
-            return self._loss_module(batch, pieces.loss)
-
-        tensors = _prefixed("model.", {**params, **buffers})
-        with parallel_running(self.model, layout, inflight):  # input cast, TP, gather at use
-            return torch.func.functional_call(
-                self._loss_module, tensors, (batch, pieces.loss), tie_weights=True
-            )
-
-    def _grads(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
-        config = self.config
-        layout = state.layout
-        inflight = InFlight(layout)  # this forward/backward's reductions and gathers at use
-        rank, _ = data_parallel_info(layout)
-        buffers = state.buffers
-        if not config.donate:  # BatchNorm updates its statistics in place: work on copies
-            buffers = {k: v.clone() for k, v in buffers.items()}
-        frozen = parallel_compute.gather_params(
-            {k: v for k, v in state.params.items() if k not in self._trainable_set},
-            layout,
-            inflight,
-        )
-        microbatches = split_batch(batch, self._microbatch) if self._microbatch else [batch]
-        weights = _microbatch_weights(microbatches, config)
-        scale = None
-        if config.precision == "amp_fp16":
-            scale = state.algo_state[precision_lib.LOSS_SCALE_KEY].scale
-        in_place = self._state_is_model(state)
-
-        def make_objective(index: int, microbatch: Batch, weight: float):
-            def objective(compute: dict) -> tuple[torch.Tensor, tuple]:
-                """The weighted loss of one microbatch, given the gathered trainable params."""
-                with (
-                    self._forward_rng(state, rank, index),
-                    precision_lib.autocast_context(config.precision, self._device_type),
-                ):
-                    loss, aux = self._forward_loss(
-                        pieces, {**frozen, **compute}, buffers, microbatch, in_place, layout,
-                        inflight,
-                    )  # fmt: skip
-                value = loss.float() * weight
-                return (value * scale if scale is not None else value), (loss, aux)
-
-            return objective
-
-        objectives = [
-            make_objective(i, mb, w) for i, (mb, w) in enumerate(zip(microbatches, weights))
-        ]
-        source = self._module_params if in_place else state.params
-        if config.grad_mode == "func":
-            grads, outs = self._func_grads(source, objectives, layout)
-        else:
-            # The model's own Parameters already require grad; other tensors get fresh leaves.
-            leaves = {
-                k: source[k] if in_place else source[k].detach().requires_grad_()
-                for k in self._trainable
-            }
-            # One gather and one reduction per step, however many microbatches.
-            grads, outs = parallel_compute.accumulate_grads(leaves, objectives, layout, inflight)
-        total_loss = sum(loss.detach().float() * w for (_, (loss, _)), w in zip(outs, weights))
-        aux = outs[-1][1][1]
-        if scale is not None:
-            grads = torch._foreach_div(grads, scale)
-        grads = parallel_compute.finalize_grads(
-            dict(zip(self._trainable, grads)), state.params, layout, inflight
-        )
-        return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
-
-    def _forward_rng(self, state: TrainState, rank: int, index: int):
-        """The context seeding the global generator for microbatch `index` of this step."""
-        if torch.compiler.is_compiling():  # compile_step seeds once, outside the graph
-            return contextlib.nullcontext()
-        seed = seed_for(state.rng, state.step, "forward", rank * 65536 + index)
-        return seeded_global_rng(seed, self._device_type)
-
-    def _func_grads(self, source: dict, objectives: list, layout) -> tuple[list, list]:
-        """Gradients by `torch.func.grad`, summed over the microbatches' objectives."""
-        leaves = {k: source[k] for k in self._trainable}
-        total, outs = None, []
-        for objective in objectives:
-
-            def with_aux(leaves, objective=objective):
-                value, rest = objective(parallel_compute.gather_params(leaves, layout))
-                return value, (value.detach(), rest)
-
-            grads, out = torch.func.grad(with_aux, has_aux=True)(leaves)
-            grads = list(grads.values())
-            total = grads if total is None else torch._foreach_add(total, grads)
-            outs.append(out)
-        return total, outs
+    # -- the default update piece (the optim engineer's fused fast path) ----------------------
 
     def _update(self, grads: dict, state: TrainState) -> TrainState:
         donate = self.config.donate
@@ -332,59 +205,76 @@ class Step:
 
     # -- the step ----------------------------------------------------------------------------
 
-    def init_algorithms(self, state: TrainState) -> TrainState:
-        """`state` with `algo_state` entries for every composed algorithm that lacks one."""
-        algo_state = dict(state.algo_state)
-        if self.config.precision == "amp_fp16" and precision_lib.LOSS_SCALE_KEY not in algo_state:
-            device = next(iter(state.params.values())).device if state.params else "cpu"
-            algo_state[precision_lib.LOSS_SCALE_KEY] = precision_lib.init_loss_scale(device=device)
-        for algorithm in self.algorithms:
-            if algorithm.init is not None and algorithm.name not in algo_state:
-                algo_state[algorithm.name] = algorithm.init(state)
-        if len(algo_state) == len(state.algo_state):
-            return state
-        return state.replace(algo_state=algo_state)
-
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         if not isinstance(state, TrainState):
             raise TypeError(
                 f"a step takes (TrainState, batch); got {type(state).__name__} as the state "
                 "(build one with functrain.init(model, optimizer))"
             )
-        state = self.init_algorithms(state)
+        state = self.init_state(state)
+        plan = self.plan_for(state)
+        new_state, metrics = self._fold(plan, state, batch)
+        self._plans.produced(new_state.opt_state, plan)
+        metrics["lr"] = plan.read_lr(new_state.opt_state)
+        return new_state, metrics
+
+    def plan_for(self, state: TrainState) -> StatePlan:
+        """What this step decided for `state`'s structure (checking it when it is new to it).
+
+        Raises:
+            ValueError: `state.opt_state` does not fit the trainable parameters.
+        """
+        return self._plans.plan_for(
+            state.opt_state, lambda: {k: state.params[k] for k in self._trainable}
+        )
+
+    def _fold(self, plan: StatePlan, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        """The pieces run in order, and the metrics (all but "lr", read by the caller)."""
         pieces = self.pieces
         batch = pieces.prepare(state, batch)
-        result = self._run_grads(pieces, state, batch)
-        grad_norm = global_norm(result.grads)
-        grads = pieces.transform_grads(result.grads, state)
-        new_state = pieces.update(grads, state.replace(buffers=result.buffers))
-        finite = None
-        if self.config.skip_nonfinite or self.config.precision == "amp_fp16":
-            finite = torch.isfinite(grad_norm) & torch.isfinite(result.loss)
-            new_state = _select_finite(finite, new_state, state)
-        if self.config.precision == "amp_fp16":
-            key = precision_lib.LOSS_SCALE_KEY
-            scale = precision_lib.update_loss_scale(state.algo_state[key], finite)
-            new_state = new_state.replace(algo_state={**new_state.algo_state, key: scale})
         _, world = data_parallel_info(state.layout)
-        samples = num_samples(batch) * world
+        samples = num_samples(batch)
+        if samples <= 0:
+            raise ValueError("the batch is empty (0 samples): nothing to train on")
+        samples *= world
         tokens = int(self.config.count_tokens(batch)) * world if self.config.count_tokens else 0
-        new_state = new_state.replace(
-            step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens)
+        # A guarded donating step may have to undo the forward pass's in-place buffer updates.
+        saved = None
+        if self._guarded and self.config.donate and state.buffers:
+            saved = [b.clone() for b in state.buffers.values()]
+        result = self._run_grads(pieces, state, batch)
+        grad_norm = _grad_norm(result.grads, plan.plain_grads)
+        grads = pieces.transform_grads(result.grads, state)
+        # The mean over data-parallel ranks: the metric, and what a guard decides on, so that
+        # every rank skips the same steps (a rank-local NaN loss would split them otherwise).
+        loss = parallel_compute.mean_over_data_parallel(result.loss, state.layout)
+        with_buffers = (
+            state if result.buffers is state.buffers else state.replace(buffers=result.buffers)
         )
+        guarded, skipped = pieces.guard(result._replace(loss=loss), grad_norm, with_buffers)
+        if skipped:  # nothing is written: params, buffers and optimizer state stay as they were
+            if saved is not None:
+                torch._foreach_copy_(list(state.buffers.values()), saved)
+            new_state = guarded.replace(
+                buffers=state.buffers,
+                step=state.step + 1,
+                timestamp=state.timestamp.advance_batch(samples, tokens),
+            )
+        else:
+            new_state = pieces.update(grads, guarded)
+            new_state = new_state.replace(
+                step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens)
+            )
         new_state = pieces.after_update(new_state)
         metrics = {
-            **{
-                k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
-            },
-            "loss": parallel_compute.mean_over_data_parallel(result.loss, state.layout),
-            "grad_norm": grad_norm.detach(),
-            "lr": current_lr(new_state.opt_state),
-            "samples": samples,
-            "tokens": tokens,
+            k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
         }
-        if finite is not None:
-            metrics["skipped"] = ~finite
+        metrics["loss"] = loss
+        metrics["grad_norm"] = grad_norm
+        metrics["samples"] = samples
+        metrics["tokens"] = tokens
+        if self._guarded:
+            metrics["skipped"] = skipped
         if self.config.report_grad_norms:
             metrics["grad_norms"] = norms(result.grads)  # whole-tensor norms under sharding
         return new_state, metrics
@@ -397,46 +287,30 @@ class Step:
             try:
                 return pieces.grads(pieces, state, batch)
             except torch.cuda.OutOfMemoryError:
-                current = self._microbatch or num_samples(batch)
+                current = self._grads_piece.microbatch or num_samples(batch)
                 if current <= 1:
                     raise
-                self._microbatch = current // 2  # remembered: a performance cache only
+                self._grads_piece.microbatch = current // 2  # remembered: a performance cache only
                 torch.cuda.empty_cache()
 
 
-def _device_type(model: torch.nn.Module) -> str:
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        return tensor.device.type
-    return "cpu"
+def _own_algorithms(config: StepConfig) -> tuple[Algorithm, ...]:
+    """The algorithms the step's options stand for, composed before the user's."""
+    if config.precision == "amp_fp16":
+        return (precision_lib.loss_scaling(),)  # its guard skips non-finite steps already
+    if config.skip_nonfinite:
+        return (skip_nonfinite(),)
+    return ()
 
 
-def _microbatch_weights(microbatches: list, config: StepConfig) -> list[float]:
-    """Each microbatch's share of the batch, by samples or by tokens."""
-    if config.weight_by == "samples":
-        counts = [num_samples(mb) for mb in microbatches]
-    elif config.weight_by == "tokens":
-        counts = [int(config.count_tokens(mb)) for mb in microbatches]
-    else:
-        raise ValueError(f"weight_by must be 'samples' or 'tokens', got {config.weight_by!r}")
-    total = sum(counts)
-    if total <= 0:
-        raise ValueError("the batch is empty (0 samples or tokens): nothing to train on")
-    return [c / total for c in counts]
-
-
-def _select_finite(finite: torch.Tensor, new: TrainState, old: TrainState) -> TrainState:
-    """Keep `old`'s params and optimizer state where the step was not finite (no host sync)."""
-    from .tree import tree_map
-
-    def pick(a, b):
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            return torch.where(finite, a, b)
-        return a  # counters advance either way; their effect on bias correction is negligible
-
-    return new.replace(
-        params=tree_map(pick, new.params, old.params),
-        opt_state=tree_map(pick, new.opt_state, old.opt_state),
-    )
+def _grad_norm(grads: dict, plain: bool) -> torch.Tensor:
+    """The global gradient norm; for plain tensors of one dtype and device, in two kernels."""
+    if not plain or not grads:
+        return global_norm(grads)
+    with torch.no_grad():
+        norms = torch._foreach_norm(list(grads.values()))
+        dtype = torch.float64 if norms[0].dtype == torch.float64 else torch.float32
+        return torch.linalg.vector_norm(torch.stack(norms), dtype=dtype)
 
 
 def make_step(
@@ -460,30 +334,24 @@ def make_step(
         loss_fn: `loss_fn(model, batch) -> loss | (loss, aux_dict)`, a mean over the batch.
         optimizer: a `functrain.optim.Transform` (the one `init` used).
         precision: "fp32", "amp_bf16" or "amp_fp16" (dynamic loss scale in
-            `state.algo_state["loss_scale"]`).
+            `state.algo_state["loss_scale"]`; an overflowing step is skipped, as
+            `skip_nonfinite` does).
         microbatch_size: split each batch into chunks of this many samples and accumulate
             gradients (None: no split; "auto": on CUDA, halve on out-of-memory until it fits).
         weight_by: weight each microbatch's loss by its "samples" or its "tokens".
         count_tokens: `batch -> int`, the number of tokens (for metrics and `weight_by="tokens"`).
-        skip_nonfinite: keep params and optimizer state unchanged on a step whose loss or
-            gradient norm is not finite (metrics["skipped"] tells).
+        skip_nonfinite: skip the update of a step whose loss or gradient norm is not finite:
+            params, buffers and optimizer state (its counters too) stay exactly as they were,
+            donated or not; `state.step` and the timestamp advance (the batch was consumed);
+            `metrics["skipped"]` tells. Costs one host sync per step.
         donate: reuse the input state's memory (update in place); the input state is consumed.
         grad_mode: "autograd" (`torch.autograd.grad`, DTensor-safe) or "func"
-            (`torch.func.grad`, what `compile_step` uses).
+            (`torch.func.grad`).
         report_grad_norms: add per-parameter gradient norms as metrics["grad_norms"].
     Returns:
-        a `Step`: `state, metrics = step(state, batch)`.
+        a `Step`: `state, metrics = step(state, batch)`. Metrics: "loss", "grad_norm", "lr",
+        "samples", "tokens", the loss function's aux values, and "skipped" when a guard is on.
     """
-    precision_lib.check_precision(precision)
-    if weight_by == "tokens" and count_tokens is None:
-        raise ValueError("weight_by='tokens' needs count_tokens=lambda batch: <number of tokens>")
-    if grad_mode not in ("autograd", "func"):
-        raise ValueError(f"grad_mode must be 'autograd' or 'func', got {grad_mode!r}")
-    if microbatch_size is not None and microbatch_size != "auto":
-        if not isinstance(microbatch_size, int) or microbatch_size <= 0:
-            raise ValueError(
-                f"microbatch_size must be a positive int, 'auto' or None; got {microbatch_size!r}"
-            )
     if not callable(loss_fn):
         raise TypeError("loss_fn must be callable as loss_fn(model, batch)")
     config = StepConfig(
@@ -496,6 +364,7 @@ def make_step(
         grad_mode=grad_mode,
         report_grad_norms=report_grad_norms,
     )
+    check_config(config)
     return Step(model, loss_fn, optimizer, config)
 
 
@@ -503,16 +372,30 @@ def compose(step: Step, *algorithms: Algorithm) -> Step:
     """A new step with `algorithms` applied to `step`'s pieces, in list order.
 
     Each algorithm wraps the pieces produced by the ones before it; for the `prepare` piece this
-    means an algorithm later in the list sees the batch the earlier ones produced.
+    means an algorithm later in the list sees the batch the earlier ones produced. Compose
+    before compiling: `compile_step(compose(step, ...))`.
 
+    Raises:
+        TypeError: `step` is not a `Step` (a compiled step, a plain function), or an argument is
+            not an `Algorithm`.
+        ValueError: a surgery algorithm (BlurPool, ChannelsLast, ...) whose surgery has not run
+            on the step's model (`functrain.apply_surgery`, before `init`).
     Example:
         >>> step = compose(make_step(model, loss_fn, opt), label_smoothing(0.1), ema())
     """
+    if not isinstance(step, Step):
+        hint = (
+            "compose the eager step, then compile it: compile_step(compose(step, ...))"
+            if type(step).__name__ == "CompiledStep"
+            else "build it with functrain.make_step(model, loss_fn, optimizer)"
+        )
+        raise TypeError(f"compose takes a Step from make_step, got {type(step).__name__}; {hint}")
     for algorithm in algorithms:
         if not isinstance(algorithm, Algorithm):
             raise TypeError(
                 f"compose takes functrain Algorithm objects, got {type(algorithm).__name__}"
             )
+    check_surgery_applied(step.model, algorithms)
     return Step(
         step.model, step.loss_fn, step.optimizer, step.config, step.algorithms + tuple(algorithms)
     )

@@ -13,10 +13,11 @@ resolves the markers by calling the inner loss again with plain targets:
 - `SmoothedTarget(target, smoothing)`: the loss sees Composer's smoothed dense targets.
 
 Markers nest (MixUp of CutMix of smoothed targets, in any list order) and are pytrees, so
-microbatching splits them with the batch. The model is called through a replaying proxy: the first
-call runs the forward pass and each later call with equal arguments returns the recorded outputs,
-so the forward runs once however many loss terms there are. The first call uses the original
-targets, so the `aux` metrics (accuracy, ...) are computed against them.
+microbatching splits them with the batch. The model is called through `functrain.model_calls.
+ModelCalls`: the first run of the loss (with the original targets) records its model calls, and
+each later run replays them in order when it passes the same tensors (`model(batch[0])`), so the
+forward runs once however many loss terms there are. The first run uses the original targets, so
+the `aux` metrics (accuracy, ...) are computed against them.
 
 Losses on dense targets need a `loss_fn` that accepts class probabilities shaped like the outputs
 (`F.cross_entropy` does), exactly as Composer requires; when yours takes only indices, use
@@ -36,6 +37,7 @@ import torch
 from ..functional.batch import get_item, set_item
 from ..functional.label_smoothing import smooth_labels
 from ..functional.targets import ensure_targets_one_hot
+from ..model_calls import ModelCalls
 
 
 class MixedTarget(NamedTuple):
@@ -104,77 +106,6 @@ def loss_terms(target: Any, outputs_fn: Callable[[], torch.Tensor], weight=1.0) 
     if is_marker(target):
         return [(weight, dense_target(target, outputs_fn()))]
     return [(weight, target)]
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Structural equality of call arguments: the same objects, or equal tensors and values.
-
-    A plain recursion rather than a pytree flatten, so that it traces cleanly under compile.
-    """
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        if a is b:  # the common case: the loss passes the batch's own input tensor again
-            return True
-        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-            return False
-        return bool(torch.equal(a, b))
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b)
-    except Exception:  # objects whose equality is not a bool: treat as different
-        return False
-
-
-class ReplayModel:
-    """Calls `model` once per distinct call of a loss function and replays its outputs afterwards.
-
-    During the first pass (recording) every call runs the model. After `rewind()`, the k-th call
-    returns the k-th recorded output when its arguments equal the recorded ones (the same objects,
-    or equal tensors), and runs the model otherwise (e.g. when the targets are passed to the
-    model, as Hugging Face models do with `labels=`).
-    """
-
-    def __init__(self, model: Callable[..., Any]):
-        self._model = model
-        self._calls: list[tuple[tuple, dict, Any]] = []
-        self._cursor: int | None = None  # None while recording
-
-    def rewind(self) -> None:
-        """Start replaying from the first recorded call."""
-        self._cursor = 0
-
-    def first_output(self) -> Any:
-        """The outputs of the first recorded call (the logits dense targets are shaped like)."""
-        if not self._calls:
-            raise RuntimeError(
-                "the loss function never called the model, so the number of classes for dense "
-                "targets is unknown; call model(...) inside loss_fn"
-            )
-        return self._calls[0][2]
-
-    def __call__(self, *args, **kwargs):
-        if self._cursor is None:
-            out = self._model(*args, **kwargs)
-            self._calls.append((args, kwargs, out))
-            return out
-        index = self._cursor
-        self._cursor += 1
-        if index < len(self._calls):
-            rec_args, rec_kwargs, out = self._calls[index]
-            if _same((args, kwargs), (rec_args, rec_kwargs)):
-                return out
-        return self._model(*args, **kwargs)
-
-    def forward(self, *args, **kwargs):
-        return self(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        # Attribute lookups (model.config, model.training, ...) reach the real model.
-        return getattr(self.__dict__["_model"], name)
 
 
 def _logits(outputs: Any) -> torch.Tensor:
@@ -250,10 +181,10 @@ def resolving_loss(inner: Callable, target_key: Any) -> Callable:
         target = get_item(batch, target_key)
         if not is_marker(target):
             return inner(model, batch)
-        proxy = ReplayModel(model)
+        proxy = ModelCalls(model)
         primary = primary_target(target)
         primary_loss, aux = inner(proxy, set_item(batch, target_key, primary))
-        terms = loss_terms(target, lambda: _logits(proxy.first_output()))
+        terms = loss_terms(target, lambda: _logits(proxy.first_outputs()))
         total = None
         for weight, plain in terms:
             if _is_number(weight, 0):
@@ -261,7 +192,7 @@ def resolving_loss(inner: Callable, target_key: Any) -> Callable:
             if plain is primary:
                 term = primary_loss
             else:
-                proxy.rewind()
+                proxy.replay()
                 term = _call_with_target(inner, proxy, batch, target_key, plain, target)
             term = term if _is_number(weight, 1) else weight * term
             total = term if total is None else total + term

@@ -8,13 +8,13 @@ from data_algo_testing import ce_loss, digits_batches, setup
 from functrain.algorithms.label_smoothing import label_smoothing
 from functrain.algorithms.mixed_targets import (
     MixedTarget,
-    ReplayModel,
     SmoothedTarget,
     dense_target,
     resolving_loss,
 )
 from functrain.algorithms.mixup import mixup
 from functrain.batching import split_batch
+from functrain.model_calls import ModelCalls
 from functrain.step import normalize_loss
 
 
@@ -61,9 +61,9 @@ def test_the_forward_pass_runs_once_for_any_number_of_loss_terms():
     CountingLinear.calls = 0
     resolving_loss(_inner, 1)(model, (x, target))
     assert CountingLinear.calls == 1
-    proxy = ReplayModel(model)
+    proxy = ModelCalls(model)
     proxy(x)
-    proxy.rewind()
+    proxy.replay()
     proxy(x + 1)  # different arguments are not replayed
     assert CountingLinear.calls == 3
 

@@ -1,0 +1,143 @@
+"""What a step decides once about the states it is given, instead of on every call.
+
+A step called in a loop sees the state it produced on the previous call. Checking that state's
+optimizer state against the parameters, finding where its learning rate is kept, and choosing how
+to take the gradient norm depend only on its structure and its tensors' kinds, so a `Plans`
+cache decides them when a state arrives that the step did not produce (the first state, a restored
+checkpoint, a hand-made one), and reuses the decision while the step is fed its own outputs.
+
+Recognising "its own output" costs one attribute path and an identity test: the plan keeps a weak
+reference to the first tensor of the optimizer state the step returned (nothing is kept alive).
+
+Example:
+    >>> plans = Plans()
+    >>> plan = plans.plan_for(state.opt_state, trainable_params)   # checks, once
+    >>> plans.produced(new_state.opt_state, plan)                   # remembers the output
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, NamedTuple
+
+import optree
+import torch
+
+from .optim import current_lr
+from .optim._foreach import is_dtensor
+from .optim.hyperparams import LR_NAMES
+from .step_checks import check_opt_state
+from .tree import NAMESPACE, key_to_str
+
+_LOOKUP_ERRORS = (KeyError, IndexError, AttributeError, TypeError, ValueError)
+
+
+class StatePlan(NamedTuple):
+    """The decisions a step made for states of one structure.
+
+    Attributes:
+        first_tensor: `opt_state -> Tensor | None`, the optimizer state's first tensor (what
+            recognises the step's own output), or None for a state without tensors.
+        read_lr: `opt_state -> float | None`, the learning rate last used.
+        plain_grads: every trainable parameter is a plain tensor of one dtype and device, so the
+            gradient norm is one foreach kernel and a norm (else `optim.global_norm`).
+    """
+
+    first_tensor: Callable[[Any], torch.Tensor | None]
+    read_lr: Callable[[Any], float | None]
+    plain_grads: bool
+
+
+class Plans:
+    """A step's plans by state structure, and which one its last output had (a cache only)."""
+
+    def __init__(self):
+        self._by_key: dict[Hashable, StatePlan] = {}
+        self._last: tuple[weakref.ref, StatePlan] | None = None
+
+    def plan_for(self, opt_state: Any, params: Callable[[], Mapping[str, torch.Tensor]]):
+        """The plan for `opt_state`; checks it against `params()` unless the step produced it.
+
+        Args:
+            opt_state: the optimizer state the step was given.
+            params: `() -> {name: tensor}` of the trainable parameters (called only to check).
+        Raises:
+            ValueError: the optimizer state does not fit the parameters (see `check_opt_state`).
+        """
+        last = self._last
+        if last is not None:
+            ref, plan = last
+            tensor = plan.first_tensor(opt_state)
+            if tensor is not None and tensor is ref():
+                return plan
+        trainable = params()
+        plain = _plain(trainable)
+        key = (optree.tree_structure(opt_state, namespace=NAMESPACE), plain)
+        plan = self._by_key.get(key)
+        if plan is None:
+            plan = self._by_key[key] = _build(opt_state, plain)
+        if plan.first_tensor(opt_state) is not None:
+            check_opt_state(opt_state, trainable)
+        return plan
+
+    def produced(self, opt_state: Any, plan: StatePlan) -> None:
+        """Remember that the step returned `opt_state` (checked: it came from a checked one)."""
+        tensor = plan.first_tensor(opt_state)
+        self._last = None if tensor is None else (weakref.ref(tensor), plan)
+
+
+def _plain(params: Mapping[str, torch.Tensor]) -> bool:
+    tensors = list(params.values())
+    if not tensors or any(type(t) is not torch.Tensor for t in tensors):
+        return False
+    first = tensors[0]
+    return all(t.dtype == first.dtype and t.device == first.device for t in tensors)
+
+
+def _build(opt_state: Any, plain: bool) -> StatePlan:
+    accessors, leaves, _ = optree.tree_flatten_with_accessor(opt_state, namespace=NAMESPACE)
+    first = next((a for a, leaf in zip(accessors, leaves) if isinstance(leaf, torch.Tensor)), None)
+    return StatePlan(_reader(first), _lr_reader(opt_state, accessors, leaves), plain)
+
+
+def _reader(accessor: Any) -> Callable[[Any], Any]:
+    if accessor is None:
+        return lambda tree: None
+
+    def read(tree: Any) -> Any:
+        try:
+            return accessor(tree)
+        except _LOOKUP_ERRORS:  # another structure: not this plan's
+            return None
+
+    return read
+
+
+def _lr_reader(opt_state: Any, accessors: list, leaves: list) -> Callable[[Any], float | None]:
+    """Where `current_lr` finds the learning rate, as a path read in O(1) on later states."""
+    value = current_lr(opt_state)
+    if value is None:
+        return current_lr
+    for accessor, leaf in zip(accessors, leaves):
+        name = key_to_str(accessor[-1]) if len(accessor) else ""
+        if name in LR_NAMES and not is_dtensor(leaf) and _float(leaf) == value:
+            return _fallback_reader(accessor)
+    return current_lr  # the value is not one leaf's: keep searching each time
+
+
+def _fallback_reader(accessor: Any) -> Callable[[Any], float | None]:
+    def read_lr(opt_state: Any) -> float | None:
+        try:
+            return float(accessor(opt_state))
+        except _LOOKUP_ERRORS:
+            return current_lr(opt_state)
+
+    return read_lr
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except _LOOKUP_ERRORS + (RuntimeError,):
+        return None
