@@ -31,6 +31,7 @@ import torch
 
 from ..tree import tree_flatten, tree_leaves, tree_unflatten
 from ._foreach import fe, is_dtensor
+from .spec import ChainSpec
 
 Params = Any
 Updates = Any
@@ -47,10 +48,10 @@ class Transform(NamedTuple):
 
     init: Callable[[Params], OptState]
     update: Callable[..., tuple[Updates, OptState]]
-    # Optional fast path for a donating step: `fused_update(grads, state, params, **extra) ->
-    # state` updates `params` and the state's tensors in place with one fused kernel, giving the
-    # same result as `update` + `apply_updates` up to rounding. None: no fused path.
-    fused_update: Callable[..., OptState] | None = None
+    # What this transform is, for the fused executor (`functrain.optim.fused`): a record from
+    # `functrain.optim.spec` (e.g. `AdamSpec(...)`, `ChainSpec(...)`). None: only `update` runs
+    # it (a user's own transform needs none).
+    spec: Any = None
 
 
 class EmptyState(NamedTuple):
@@ -107,7 +108,7 @@ def chain(*transforms: Transform) -> Transform:
             new_states.append(s)
         return grads, tuple(new_states)
 
-    return Transform(init, update)
+    return Transform(init, update, ChainSpec(tuple(t.spec for t in transforms)))
 
 
 def apply_updates(params: Params, updates: Updates, donate: bool = False) -> Params:

@@ -14,6 +14,7 @@ import torch
 from ..tree import tree_unflatten
 from ._foreach import check_number, donating, fe, flatten, params_like
 from .base import EmptyState, Transform, global_norm
+from .spec import ClipByGlobalNormSpec
 
 
 def _no_state(params):
@@ -51,7 +52,7 @@ def clip_by_global_norm(max_norm: float) -> Transform:
         out = fe("mul", leaves, factor.to(leaves[0].device), inplace=donating(extra))
         return tree_unflatten(spec, out), state
 
-    return Transform(_no_state, update)
+    return Transform(_no_state, update, ClipByGlobalNormSpec(max_norm))
 
 
 def clip_by_value(

@@ -24,6 +24,7 @@ import torch
 from ..tree import tree_flatten
 from ._foreach import evaluate, start_value
 from .base import Transform
+from .spec import InjectSpec
 
 LR_NAMES = ("lr", "learning_rate")
 
@@ -103,7 +104,10 @@ def inject_hyperparams(
                 raise structure_error(values)
             return updates, InjectHyperparamsState(state.count + 1, values, inner_state)
 
-        return Transform(init, update)
+        def build(values):
+            return factory(**static, **values)
+
+        return Transform(init, update, InjectSpec(values_at, build))
 
     return make
 

@@ -20,6 +20,7 @@ import torch
 from ..tree import tree_unflatten
 from ._foreach import check_number, donating, evaluate, fe, flatten, params_like, start_value
 from .base import EmptyState, Transform
+from .spec import DecoupledWeightDecaySpec, LearningRateSpec, ScaleSpec, WeightDecaySpec
 
 ScalarOrSchedule = float | Callable[[Any], float]
 
@@ -42,7 +43,7 @@ def scale(factor: float) -> Transform:
         leaves, spec = flatten(grads)
         return tree_unflatten(spec, fe("mul", leaves, factor, inplace=donating(extra))), state
 
-    return Transform(init, update)
+    return Transform(init, update, ScaleSpec(factor))
 
 
 class ScaleByLearningRateState(NamedTuple):
@@ -80,7 +81,7 @@ def scale_by_learning_rate(lr: ScalarOrSchedule, *, flip_sign: bool = True) -> T
         out = fe("mul", leaves, sign * value, inplace=donating(extra))
         return tree_unflatten(spec, out), ScaleByLearningRateState(state.count + 1, value)
 
-    return Transform(init, update)
+    return Transform(init, update, LearningRateSpec(lr, sign))
 
 
 def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
@@ -107,7 +108,7 @@ def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
         out = fe("add", leaves, ps, alpha=weight_decay, inplace=donating(extra))
         return tree_unflatten(spec, out), state
 
-    return Transform(init, update)
+    return Transform(init, update, WeightDecaySpec(weight_decay))
 
 
 class DecoupledWeightDecayState(NamedTuple):
@@ -160,7 +161,7 @@ def add_decoupled_weight_decay(
         out = fe("add", leaves, ps, alpha=-weight_decay * factor, inplace=donating(extra))
         return tree_unflatten(spec, out), new_state
 
-    return Transform(init, update)
+    return Transform(init, update, DecoupledWeightDecaySpec(weight_decay, lr, base))
 
 
 def _initial_lr(lr: ScalarOrSchedule, initial_lr: float | None) -> float:

@@ -26,6 +26,7 @@ from .scale import (
     add_decoupled_weight_decay,
     scale_by_learning_rate,
 )
+from .spec import MomentumSpec
 
 
 class TraceState(NamedTuple):
@@ -73,7 +74,7 @@ def trace(decay: float, nesterov: bool = False, dampening: float = 0.0) -> Trans
             out = copy_into(leaves, buf) if donate else fe("clone", buf)
         return tree_unflatten(spec, out), TraceState(state.count + 1, tree_unflatten(spec, buf))
 
-    return Transform(init, update)
+    return Transform(init, update, MomentumSpec(decay, bool(nesterov), dampening))
 
 
 def _check_momentum(momentum: Any, dampening: Any, nesterov: bool) -> None:
