@@ -185,11 +185,12 @@ def decoupled_adamw(
         lr: learning rate, a number or a schedule `t -> lr`.
         betas, eps, amsgrad: as in `adam`.
         weight_decay: decoupled decay per step at the initial learning rate.
-        initial_lr: the base learning rate; defaults to `lr` if a number, required with a
-            schedule (and with `inject_hyperparams`, which passes the scheduled value as `lr`).
+        initial_lr: the base learning rate the decay is relative to; read from `lr` when it
+            names one (a number, or `base * schedule`), required only for a plain function.
+            Under `inject_hyperparams` it is read from the scheduled `lr` the same way.
         weight_decay_mask: optional `{name: bool}` or `params -> {name: bool}`; False = no decay.
     Example:
-        >>> opt = decoupled_adamw(lambda t: 1e-3 * 0.99**t, initial_lr=1e-3)
+        >>> opt = decoupled_adamw(1e-3 * cosine_annealing_with_warmup("1ep"))  # base 1e-3
     """
     check_number("lr", lr, schedule=True)
     b1, b2 = betas

@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..tree import tree_unflatten
@@ -75,6 +77,9 @@ def clip_by_value(
     else:
         if min is None and max is None:
             raise ValueError("clip_by_value needs limit=, or min= and/or max=")
+        for name, bound in (("min", min), ("max", max)):
+            if bound is not None:
+                check_number(name, bound, low=-math.inf)
         low = None if min is None else float(min)
         high = None if max is None else float(max)
         if low is not None and high is not None and low > high:

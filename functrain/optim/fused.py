@@ -434,7 +434,7 @@ def _run(recipe: _Recipe, groups: dict, grads: Mapping[str, Any], extra: Mapping
             multiplier *= leaf.spec.factor
             new_states[id(leaf)] = leaf.state
         else:
-            value = evaluate(leaf.spec.lr, leaf.state.count, extra)
+            value = evaluate(leaf.spec.lr, leaf.state.count, extra, "lr")
             multiplier *= leaf.spec.sign * value
             new_states[id(leaf)] = ScaleByLearningRateState(leaf.state.count + 1, value)
     for leaf in [recipe.decay, *recipe.inert]:

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -66,15 +67,16 @@ def inject_hyperparams(
     static_names = frozenset(static_args)
 
     def make(**hparams: Any) -> Transform:
+        given = hparams
+        hparams = _with_initial_lr(factory, hparams)
+        fixed = static_names | (hparams.keys() - given.keys())  # a derived initial_lr is static
         dynamic = {
-            k: v
-            for k, v in hparams.items()
-            if k not in static_names and (callable(v) or _is_number(v))
+            k: v for k, v in hparams.items() if k not in fixed and (callable(v) or _is_number(v))
         }
         static = {k: v for k, v in hparams.items() if k not in dynamic}
 
         def values_at(count: int, extra: Mapping[str, Any]) -> dict[str, float]:
-            return {k: evaluate(v, count, extra) for k, v in dynamic.items()}
+            return {k: evaluate(v, count, extra, k) for k, v in dynamic.items()}
 
         def init(params):
             values = {k: start_value(v) for k, v in dynamic.items()}
@@ -110,6 +112,34 @@ def inject_hyperparams(
         return Transform(init, update, InjectSpec(values_at, build))
 
     return make
+
+
+def _with_initial_lr(factory: Callable[..., Transform], hparams: dict) -> dict:
+    """`hparams`, with `initial_lr` read from a scheduled `lr` for the decoupled optimizers.
+
+    The factory sees each step's lr as a number, so without this it would take every step's
+    lr for the base and never follow the schedule's shape.
+    """
+    lr = hparams.get("lr")
+    if "initial_lr" in hparams or not callable(lr) or not _accepts(factory, "initial_lr"):
+        return hparams
+    from .scale import base_lr
+
+    base = base_lr(lr)
+    if base is None:
+        raise ValueError(
+            f"inject_hyperparams({getattr(factory, '__name__', factory)}): the decay is relative "
+            "to the base learning rate, which a plain function does not name; pass initial_lr= "
+            "(static), or write lr as `base * schedule` with a functrain.schedules schedule"
+        )
+    return {**hparams, "initial_lr": base}
+
+
+def _accepts(factory: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or an odd callable: nothing to add
+        return False
 
 
 def current_lr(opt_state: Any) -> float | None:
