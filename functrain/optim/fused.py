@@ -414,14 +414,15 @@ def fused_update(transform: Any, grads: Any, state: Any, params: Any, **extra: A
         >>> state = fused_update(adamw(1e-3), grads, state, params)
     """
     try:
-        recipe, groups, rebuild, _ = _prepare(transform, grads, state, params, extra)
+        recipe, groups, rebuild, names = _prepare(transform, grads, state, params, extra)
     except NotFusable:
         return None
-    new_leaf_states = _run(recipe, groups, grads, extra)
+    # The clip's norm is over what the transform sees (a masked optimizer: its names only).
+    new_leaf_states = _run(recipe, groups, [grads[k] for k in names], extra)
     return rebuild(new_leaf_states)
 
 
-def _run(recipe: _Recipe, groups: dict, grads: Mapping[str, Any], extra: Mapping[str, Any]):
+def _run(recipe: _Recipe, groups: dict, grads: list[Any], extra: Mapping[str, Any]):
     """Evaluate this step's hyperparameters, run the kernels, and advance every leaf's state."""
     from .adam import ScaleByAdamState, ScaleByAmsgradState
     from .lion import ScaleByLionState
@@ -461,8 +462,13 @@ def _run(recipe: _Recipe, groups: dict, grads: Mapping[str, Any], extra: Mapping
         else:
             wd = decay.spec.weight_decay
     core = recipe.core
-    for (decayed, device, _), columns in groups.items():
-        scale = None if grad_scale is None else grad_scale.to(device)
+    for (decayed, device, dtype), columns in groups.items():
+        scale = None if grad_scale is None else grad_scale.to(device, torch.float32)
+        if scale is not None and dtype == torch.float64:
+            # The kernels read their gradient scale as float32, which would round a float64
+            # run's clipping: scale the gradients in float64 instead (one more pass).
+            torch._foreach_mul_(columns[1], clip_factor.to(device))
+            scale = None
         group_wd, group_decoupled = (wd, decoupled) if decayed else (0.0, 0.0)
         if core is not None and isinstance(core.spec, AdamSpec):
             _adam(core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale, device)

@@ -54,7 +54,8 @@ def inject_hyperparams(
     Args:
         factory: a function returning a `Transform` (e.g. `adamw`, `sgd`, `clip_by_global_norm`).
         static_args: names passed to `factory` as given, even if numeric (e.g. "every_k").
-            Non-numeric arguments (bools, tuples such as `betas`, masks) are always static.
+            Non-numeric arguments (bools, tuples such as `betas`, masks) are always static; a
+            callable is a schedule only for the lr or an argument whose default is a number.
     Returns:
         a function taking `factory`'s keyword arguments, where numbers may be replaced by
         schedules, and returning a `Transform` with `InjectHyperparamsState`.
@@ -71,7 +72,9 @@ def inject_hyperparams(
         hparams = _with_initial_lr(factory, hparams)
         fixed = static_names | (hparams.keys() - given.keys())  # a derived initial_lr is static
         dynamic = {
-            k: v for k, v in hparams.items() if k not in fixed and (callable(v) or _is_number(v))
+            k: v
+            for k, v in hparams.items()
+            if k not in fixed and (_is_number(v) or (callable(v) and _numeric_arg(factory, k)))
         }
         static = {k: v for k, v in hparams.items() if k not in dynamic}
 
@@ -133,6 +136,19 @@ def _with_initial_lr(factory: Callable[..., Transform], hparams: dict) -> dict:
             "(static), or write lr as `base * schedule` with a functrain.schedules schedule"
         )
     return {**hparams, "initial_lr": base}
+
+
+def _numeric_arg(factory: Callable[..., Any], name: str) -> bool:
+    """True when `factory`'s argument `name` takes a number (so a callable there is a schedule):
+    the learning rate, or an argument whose default is a number. A callable given for another
+    argument (a `weight_decay_mask` function) is passed as it is."""
+    if name in LR_NAMES:
+        return True
+    try:
+        default = inspect.signature(factory).parameters[name].default
+    except (KeyError, TypeError, ValueError):
+        return False
+    return _is_number(default)
 
 
 def _accepts(factory: Callable[..., Any], name: str) -> bool:
