@@ -1,20 +1,22 @@
-"""`compile_step`: the step with its forward and backward passes compiled by `torch.compile`.
+"""`compile_step`: the step with its forward pass and loss compiled by `torch.compile`.
 
-What is compiled is the step's `grads` piece: forward, loss and `torch.autograd.grad` in one
-graph (with BatchNorm's in-place statistics), so the backward pass fuses with the forward. The
-rest of the step runs as in the eager step, around it:
+What is compiled is the step's `loss` piece: the model's forward and the loss (with whatever
+algorithms put there, such as label smoothing), exactly the region `torch.compile(model)`
+covers, plus the loss. AOTAutograd compiles its backward pass too, so forward and backward both
+run as inductor kernels. The rest of the step runs as in the eager step, around it:
 
 - the optimizer update stays the fused executor (`functrain.optim.fused`): on the CPU torch's
-  fused AdamW kernel is over twice as fast as what inductor generates from the same arithmetic
-  (measured: `python -m bench update`), and a graph of the update would need the step and
-  optimizer counts as graph inputs;
+  fused AdamW kernel is over twice as fast as what inductor generates from the same arithmetic,
+  and compiling the update would need the step and optimizer counts as graph inputs;
+- tracing `torch.autograd.grad` into the graph as well (one joint graph) was measured slower
+  than AOTAutograd's forward and backward graphs (the CNN of `python -m bench overhead`: 0.76x
+  of the floor against 0.60x), and compiled for longer;
 - the host-side parts (seeding the global generator from the step's key, algorithm state, the
-  data-side `prepare` piece, the counters) stay in Python.
+  data-side `prepare` piece, the counters, microbatching) stay in Python.
 
-So the compiled graph takes only tensors (parameters, buffers, the batch, the fp16 loss scale):
-no Python int or float of the state, which change every step, reaches a guard, and the step
-compiles **once** for a run (again only for a new batch shape, e.g. a short last batch, or an
-algorithm that reads the step count inside the gradient piece, such as SAM's interval).
+So the compiled graph never sees the state: the loss piece takes `(model, batch)`. No Python
+int or float that changes every step reaches a guard, and the step compiles **once** for a run
+(again only for a new batch shape, e.g. a short last batch or microbatch).
 
 Example:
     >>> fast = compile_step(make_step(model, loss_fn, optimizer))
@@ -30,15 +32,13 @@ from typing import Any
 
 import torch
 
-from .parallel import compute as parallel_compute
-from .rng import seed_for, seeded_global_rng
 from .state import TrainState
 from .step import Step
 from .step_protocol import Evaluator
 
 
 class CompiledStep:
-    """A `Step` whose gradient piece (forward, loss, backward) runs as one compiled graph.
+    """A `Step` whose loss piece (forward and loss; backward by AOTAutograd) is compiled.
 
     Attributes:
         step: the eager step it was made from.
@@ -53,18 +53,12 @@ class CompiledStep:
         self.step = step
         self.pieces = step.pieces
         self.compile_options = dict(compile_options)
-        # Dynamo guards on what the piece reads (tensors, the step's static configuration), never
-        # on the state's counters, which it does not read.
-        self._grads = step.pieces.grads  # the eager piece the graph is traced from
-        self._compiled_grads = torch.compile(_fresh_entry(), **compile_options)
+        loss = step.pieces.loss
+        compiled = torch.compile(_fresh_entry(), **compile_options)
         self._core_step = copy.copy(step)
-        self._core_step.pieces = step.pieces._replace(grads=self._run_compiled_grads)
-
-    def _run_compiled_grads(self, pieces, state, batch):
-        # trace_autograd_ops lets dynamo trace `torch.autograd.grad` into the graph, so the
-        # default ("autograd") gradients compile whole, BatchNorm's in-place statistics included.
-        with torch._dynamo.config.patch(trace_autograd_ops=True):
-            return self._compiled_grads(self._grads, pieces, state, batch)
+        self._core_step.pieces = step.pieces._replace(
+            loss=lambda model, batch: compiled(loss, model, batch)
+        )
 
     def with_options(self, **changes) -> CompiledStep:
         """The same compiled step with some `StepConfig` options changed."""
@@ -83,33 +77,28 @@ class CompiledStep:
         return self.step.evaluator()
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-        rank, _ = parallel_compute.data_parallel_info()
-        seed = seed_for(state.rng, state.step, "forward", rank * 65536)
-        # The graph does not seed the global generator per microbatch (that is host work):
-        # it is seeded once here, from the same key, so dropout is a function of the seed.
-        with seeded_global_rng(seed, self.step._device_type):
-            return Step.__call__(self._core_step, state, batch)
+        return Step.__call__(self._core_step, state, batch)
 
 
-def _grads_entry(grads, pieces, state, batch):
-    return grads(pieces, state, batch)
+def _loss_entry(loss, model, batch):
+    return loss(model, batch)
 
 
 def _fresh_entry():
-    """`_grads_entry` with a code object of its own.
+    """`_loss_entry` with a code object of its own.
 
     Dynamo keeps its compiled graphs per code object, up to a recompile limit (8): were every
     compiled step to share one, the ninth model of a process would silently run eagerly.
     """
-    code = _grads_entry.__code__.replace(co_name=f"compiled_grads_{next(_COUNTER)}")
-    return types.FunctionType(code, _grads_entry.__globals__, code.co_name)
+    code = _loss_entry.__code__.replace(co_name=f"compiled_loss_{next(_COUNTER)}")
+    return types.FunctionType(code, _loss_entry.__globals__, code.co_name)
 
 
 _COUNTER = itertools.count()
 
 
 def compile_step(step: Step, **compile_options: Any) -> CompiledStep:
-    """Compile `step`'s forward and backward passes with `torch.compile`.
+    """Compile `step`'s forward pass and loss (and so its backward pass) with `torch.compile`.
 
     Args:
         step: a `Step` from `make_step` (or `compose`).
