@@ -64,7 +64,8 @@ def _unreferenced(pool: list, index: int) -> bool:
 
 def _fits(buffer: torch.Tensor, like: torch.Tensor) -> bool:
     return (
-        buffer.shape == like.shape
+        type(buffer) is torch.Tensor
+        and buffer.shape == like.shape
         and buffer.dtype == like.dtype
         and buffer.device == like.device
         and buffer.stride() == like.stride()
@@ -93,24 +94,21 @@ class BufferPool:
         Returns:
             one private tensor per input, in order.
         """
-        retired, self._retired = self._retired, []
-        spare: dict[tuple, list[torch.Tensor]] = {}
-        for index in range(len(retired)):
-            if type(retired[index]) is torch.Tensor and _unreferenced(retired, index):
-                t = retired[index]
-                spare.setdefault((t.shape, t.dtype, t.device), []).append(t)
-        del retired  # the spare buffers are now referenced by `spare` alone
+        # The state has the same structure every step, so the buffer for slot i is the tensor
+        # that held slot i of the previous call's input.
+        retired, self._retired = self._retired, list(tensors)
         out, plain_out, plain_in = [], [], []
-        for tensor in tensors:
+        for index, tensor in enumerate(tensors):
             if type(tensor) is not torch.Tensor:  # DTensors and subclasses: a fresh clone
                 out.append(tensor.detach().clone().requires_grad_(tensor.requires_grad))
                 continue
-            candidates = spare.get((tensor.shape, tensor.dtype, tensor.device), [])
-            buffer = next((b for b in candidates if _fits(b, tensor)), None)
+            buffer = None
+            # No local name may hold the candidate while its references are counted.
+            if index < len(retired) and _fits(retired[index], tensor):
+                if _unreferenced(retired, index):
+                    buffer = retired[index]
             if buffer is None:
                 buffer = torch.empty_like(tensor, memory_format=torch.preserve_format)
-            else:
-                candidates.remove(buffer)
             if buffer.requires_grad != tensor.requires_grad:
                 buffer.requires_grad_(tensor.requires_grad)
             out.append(buffer)
@@ -119,7 +117,6 @@ class BufferPool:
         if plain_out:
             with torch.no_grad():
                 torch._foreach_copy_(plain_out, plain_in)
-        self._retired = list(tensors)
         return out
 
     def clear(self) -> None:

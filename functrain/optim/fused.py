@@ -42,7 +42,14 @@ from typing import Any
 import torch
 
 from ._foreach import is_dtensor, placed_alike
+from .adam import ScaleByAdamState, ScaleByAmsgradState
+from .base import EmptyState
+from .hyperparams import InjectHyperparamsState
 from .kernels import run_recipe
+from .lion import ScaleByLionState
+from .masking import MaskedState
+from .scale import DecoupledWeightDecayState, ScaleByLearningRateState
+from .sgd import TraceState
 from .spec import (
     AdamSpec,
     ChainSpec,
@@ -113,8 +120,6 @@ class _Leaf:
 def _resolve(spec: Any, state: Any, extra: Mapping[str, Any]) -> tuple[list[_Leaf], Callable]:
     """Flatten `spec` (and the matching `state`) into leaves, with a function that rebuilds the
     state tree from the leaves' new states."""
-    from .hyperparams import InjectHyperparamsState
-    from .masking import MaskedState
 
     if spec is None:
         raise NotFusable("a transform without a spec (a custom transform, clip_by_value, ...)")
@@ -156,26 +161,23 @@ def _resolve(spec: Any, state: Any, extra: Mapping[str, Any]) -> tuple[list[_Lea
     return [_Leaf(spec, state)], lambda new: new[0]
 
 
-def _check_state(spec: Any, state: Any) -> None:
-    from .adam import ScaleByAdamState, ScaleByAmsgradState
-    from .base import EmptyState
-    from .lion import ScaleByLionState
-    from .scale import DecoupledWeightDecayState, ScaleByLearningRateState
-    from .sgd import TraceState
+_STATE_OF = {
+    LionSpec: ScaleByLionState,
+    MomentumSpec: TraceState,
+    LearningRateSpec: ScaleByLearningRateState,
+    DecoupledWeightDecaySpec: DecoupledWeightDecayState,
+    ScaleSpec: EmptyState,
+    WeightDecaySpec: EmptyState,
+    ClipByGlobalNormSpec: EmptyState,
+}
 
-    expected = {
-        LionSpec: ScaleByLionState,
-        MomentumSpec: TraceState,
-        LearningRateSpec: ScaleByLearningRateState,
-        DecoupledWeightDecaySpec: DecoupledWeightDecayState,
-        ScaleSpec: EmptyState,
-        WeightDecaySpec: EmptyState,
-        ClipByGlobalNormSpec: EmptyState,
-    }
+
+def _check_state(spec: Any, state: Any) -> None:
+
     if isinstance(spec, AdamSpec):
         kind = ScaleByAmsgradState if spec.amsgrad else ScaleByAdamState
-    elif type(spec) in expected:
-        kind = expected[type(spec)]
+    elif type(spec) in _STATE_OF:
+        kind = _STATE_OF[type(spec)]
     else:
         raise NotFusable(f"no fused form for {type(spec).__name__}")
     if type(state) is not kind:
@@ -256,20 +258,22 @@ def _local(x: torch.Tensor) -> torch.Tensor:
     return x._local_tensor if is_dtensor(x) else x
 
 
-def _pieces(param: Any, grad: Any, moments: list[Any]) -> list[torch.Tensor] | None:
-    """The local tensors a kernel can run on, or None when they do not line up."""
-    tensors = [param, grad, *moments]
-    if any(is_dtensor(t) for t in tensors):
-        if not all(placed_alike(param, t) for t in tensors[1:]):
+def _pieces(tensors: list[Any]) -> list[torch.Tensor] | None:
+    """The local tensors a kernel can run on (a parameter, its gradient, its moments), or None
+    when they do not line up."""
+    for t in tensors:
+        if type(t) not in _PLAIN:
+            param = tensors[0]
+            if not all(is_dtensor(x) and placed_alike(param, x) for x in tensors):
+                return None
+            tensors = [_local(x) for x in tensors]
+            break
+    dtype, device = tensors[0].dtype, tensors[0].device
+    if dtype not in _FLOATS:
+        return None
+    for t in tensors:
+        if t.dtype != dtype or t.device != device:
             return None
-        tensors = [_local(t) for t in tensors]
-    elif any(type(t) not in _PLAIN for t in tensors):
-        return None
-    first = tensors[0]
-    if first.dtype not in _FLOATS:
-        return None
-    if not all(t.dtype == first.dtype and t.device == first.device for t in tensors[1:]):
-        return None
     return tensors
 
 
@@ -299,8 +303,6 @@ def _prepare(transform: Any, grads: Any, state: Any, params: Any, extra: Mapping
         raise NotFusable(f"params lack {missing[:5]}")
     wrap = None
     if isinstance(spec, MaskedSpec) and not spec.passthrough:  # a masked optimizer
-        from .masking import MaskedState
-
         if not isinstance(state, MaskedState):
             raise NotFusable("the state is not a MaskedState")
         keep = _selected(spec.mask, names, params)
@@ -311,18 +313,27 @@ def _prepare(transform: Any, grads: Any, state: Any, params: Any, extra: Mapping
     recipe = _recipe(leaves)
     moments = _moment_trees(recipe)
     for tree in moments:
-        if not isinstance(tree, Mapping) or tree.keys() != set(names):
+        if (
+            not isinstance(tree, Mapping)
+            or len(tree) != len(names)
+            or any(k not in tree for k in names)
+        ):
             raise NotFusable("the optimizer state covers other names than the gradients")
-    decayed = set(names)
-    if recipe.decay is not None and recipe.decay.mask is not None:
+    decay_on = recipe.decay is not None
+    decayed = None
+    if decay_on and recipe.decay.mask is not None:
         decayed = _selected(recipe.decay.mask, names, params)
+    trees = [grads, *moments]
     groups: dict[tuple, list[list[torch.Tensor]]] = {}
     for name in names:
-        tensors = _pieces(params[name], grads[name], [m[name] for m in moments])
+        tensors = _pieces([params[name], *[tree[name] for tree in trees]])
         if tensors is None:
             raise NotFusable(f"{name!r}: tensors of mixed kinds, dtypes or devices")
-        key = (name in decayed and recipe.decay is not None, tensors[0].device, tensors[0].dtype)
-        columns = groups.setdefault(key, [[] for _ in tensors])
+        first = tensors[0]
+        key = (decay_on and (decayed is None or name in decayed), first.device, first.dtype)
+        columns = groups.get(key)
+        if columns is None:
+            columns = groups[key] = [[] for _ in tensors]
         for column, tensor in zip(columns, tensors):
             column.append(tensor)
     if wrap is not None:

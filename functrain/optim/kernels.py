@@ -24,16 +24,16 @@ from typing import Any
 import torch
 
 from ._foreach import evaluate
+from .adam import ScaleByAdamState, ScaleByAmsgradState
 from .base import global_norm
+from .lion import ScaleByLionState
+from .scale import DecoupledWeightDecayState, ScaleByLearningRateState
+from .sgd import TraceState
 from .spec import AdamSpec, DecoupledWeightDecaySpec, LionSpec, MomentumSpec, ScaleSpec
 
 
 def run_recipe(recipe: Any, groups: dict, grads: list[Any], extra: Mapping[str, Any]) -> list:
     """Evaluate this step's hyperparameters, run the kernels, and advance every leaf's state."""
-    from .adam import ScaleByAdamState, ScaleByAmsgradState
-    from .lion import ScaleByLionState
-    from .scale import DecoupledWeightDecayState, ScaleByLearningRateState
-    from .sgd import TraceState
 
     multiplier, new_states = 1.0, {}
     for leaf in recipe.scales:
