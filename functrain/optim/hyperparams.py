@@ -55,7 +55,8 @@ def inject_hyperparams(
         factory: a function returning a `Transform` (e.g. `adamw`, `sgd`, `clip_by_global_norm`).
         static_args: names passed to `factory` as given, even if numeric (e.g. "every_k").
             Non-numeric arguments (bools, tuples such as `betas`, masks) are always static; a
-            callable is a schedule only for the lr or an argument whose default is a number.
+            callable is a schedule except for a mask (`weight_decay_mask`) or an argument
+            whose default is not a number.
     Returns:
         a function taking `factory`'s keyword arguments, where numbers may be replaced by
         schedules, and returning a `Transform` with `InjectHyperparamsState`.
@@ -139,16 +140,18 @@ def _with_initial_lr(factory: Callable[..., Transform], hparams: dict) -> dict:
 
 
 def _numeric_arg(factory: Callable[..., Any], name: str) -> bool:
-    """True when `factory`'s argument `name` takes a number (so a callable there is a schedule):
-    the learning rate, or an argument whose default is a number. A callable given for another
-    argument (a `weight_decay_mask` function) is passed as it is."""
+    """True when a callable given for `factory`'s argument `name` is a schedule: unless the
+    argument is a mask (`mask`, `*_mask`) or has a default that is not a number (a function
+    argument), a callable there stands for a number that changes."""
     if name in LR_NAMES:
         return True
+    if name == "mask" or name.endswith("_mask"):
+        return False
     try:
         default = inspect.signature(factory).parameters[name].default
     except (KeyError, TypeError, ValueError):
-        return False
-    return _is_number(default)
+        return True
+    return default is inspect.Parameter.empty or _is_number(default)
 
 
 def _accepts(factory: Callable[..., Any], name: str) -> bool:
