@@ -2,10 +2,12 @@
 
 Suites:
     overhead          step time of functrain, hand-written PyTorch and peer trainers (bench/overhead.py)
-    memory            peak memory of the same variants (bench/overhead.py)
+    memory            peak memory of the same variants (bench/memory.py)
     checkpoint        checkpoint save/load throughput (bench/checkpoint.py)
     distributed       data- and model-parallel scaling (bench/distributed.py)
     time_to_accuracy  speedup algorithms, time to a target accuracy (bench/time_to_accuracy.py)
+    update            the ways to run a pure AdamW update, side by side (bench/update_paths.py)
+    gpu_check         what only a CUDA GPU shows, one table (bench/gpu_check.py; skips on CPU)
     all               every suite above with its defaults, one after the other
 
 Each suite prints a table and writes JSON under bench/results/. Suites are imported only when run,
@@ -27,10 +29,12 @@ from collections.abc import Sequence
 # suite -> (module, function): every function takes argv (the options after the suite's name).
 SUITES = {
     "overhead": ("bench.overhead", "main"),
-    "memory": ("bench.overhead", "main_memory"),
+    "memory": ("bench.memory", "main"),
     "checkpoint": ("bench.checkpoint", "main"),
     "distributed": ("bench.distributed", "main"),
     "time_to_accuracy": ("bench.time_to_accuracy", "main"),
+    "gpu_check": ("bench.gpu_check", "main"),
+    "update": ("bench.update_paths", "main"),
 }
 
 

@@ -15,6 +15,9 @@ in the same processes, on the same model (an MLP of `--depth` Linear+GELU layers
     torch_fsdp2      fully_shard(each Linear), fully_shard(model) + torch.optim.AdamW(foreach)
     functrain_local  the functrain step on the rank's slice alone (no mesh, no communication)
     torch_local      the hand-written loop on the rank's slice alone
+    *_clip           functrain_ddp, torch_ddp, functrain_fsdp_reshard, torch_fsdp2 with global-
+                     norm clipping: chain(clip_by_global_norm(1.0), adamw(1e-3)) (one fused
+                     AdamW kernel, the clip as its gradient scale) against clip_grad_norm_
 
 The two local variants separate the cost of distribution from the step's own overhead: the
 distribution overhead is (functrain_X / torch_X) / (functrain_local / torch_local).
@@ -75,13 +78,20 @@ VARIANTS = (
     "torch_fsdp2",
     "functrain_local",
     "torch_local",
+    "functrain_ddp_clip",
+    "torch_ddp_clip",
+    "functrain_fsdp_reshard_clip",
+    "torch_fsdp2_clip",
 )
 PAIRS = {
     "functrain_ddp": "torch_ddp",
     "functrain_fsdp": "torch_fsdp2",
     "functrain_fsdp_reshard": "torch_fsdp2",
     "functrain_local": "torch_local",
+    "functrain_ddp_clip": "torch_ddp_clip",
+    "functrain_fsdp_reshard_clip": "torch_fsdp2_clip",
 }
+CLIP = "_clip"  # the variant with chain(clip_by_global_norm(1.0), adamw) / clip_grad_norm_
 # theoretical bytes sent per step, in units of (n-1)/n x parameter bytes
 THEORY = {
     "functrain_ddp": 2.0,
@@ -92,6 +102,8 @@ THEORY = {
     "functrain_local": 0.0,
     "torch_local": 0.0,
 }
+THEORY.update({name + CLIP: THEORY[name] for name in ("functrain_ddp", "torch_ddp",
+               "functrain_fsdp_reshard", "torch_fsdp2")})  # fmt: skip
 
 
 # -- the model and data --------------------------------------------------------------------------
@@ -130,9 +142,13 @@ def make_runner(name: str, args, mesh) -> Runner:
     rank, world = fmesh.dp_rank(mesh), fmesh.dp_size(mesh)
     batch = local_batch(args.width, args.global_batch, rank, world)
     model = build_model(args.width, args.depth)
+    clip = name.endswith(CLIP)
+    name = name.removesuffix(CLIP)
     if name.startswith("functrain"):
         local = name == "functrain_local"  # the same step on this rank alone: no mesh
         opt = functrain.optim.adamw(1e-3)
+        if clip:  # the fused executor folds the clip into the kernel's gradient scale
+            opt = functrain.optim.chain(functrain.optim.clip_by_global_norm(1.0), opt)
         plan = {
             "functrain_local": "local",
             "functrain_ddp": "ddp",
@@ -150,7 +166,7 @@ def make_runner(name: str, args, mesh) -> Runner:
                 stamps.append(time.perf_counter())
             return stamps
 
-        return Runner(name, run)
+        return Runner(name + (CLIP if clip else ""), run)
     if name == "torch_local":
         pass
     elif name == "torch_ddp":
@@ -171,11 +187,13 @@ def make_runner(name: str, args, mesh) -> Runner:
         for _ in range(n):
             opt.zero_grad(set_to_none=True)
             mse_loss(model, batch).backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
             opt.step()
             stamps.append(time.perf_counter())
         return stamps
 
-    return Runner(name, run)
+    return Runner(name + (CLIP if clip else ""), run)
 
 
 # -- counting bytes ------------------------------------------------------------------------------

@@ -5,10 +5,16 @@ an MLP; a small ResNet-style CNN; a small GPT) train with AdamW under every vari
 
     torch               the hand-written eager loop, torch.optim.AdamW default (a per-tensor loop on CPU)
     torch_fused         the same loop with AdamW(fused=True)
+    functrain_pure      functrain's default step (pure: the input state is left untouched)
     functrain           functrain's donating step (what `fit` runs) in a plain Python loop
     functrain_fit       the same step driven by `functrain.fit` (no loggers, no checkpoints)
+    torch_chain         the loop with clip_grad_norm_, AdamW(fused=True) without decay on biases,
+                        and a cosine LambdaLR
+    functrain_chain     the pure step with chain(clip_by_global_norm(1.0), adamw(lr=1e-3 *
+                        cosine, weight_decay_mask=no_decay_mask)) (ratio to the plain floor)
     torch_compiled      torch.compile(model) + eager AdamW(fused=True): "compiling the model alone"
-    functrain_compiled  compile_step: forward, backward and the optimizer in one graph
+    torch_compiled_opt  torch.compile(model) + a compiled AdamW step: the compile-time reference
+    functrain_compiled  compile_step
     composer, lightning           peer Trainers with progress bars and logging off
     composer_defaults, lightning_defaults   the same Trainers with their defaults
 
@@ -25,176 +31,51 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
-import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from . import common, peers
+from .models import Batches, ModelSpec, model_specs
 
 LR, WEIGHT_DECAY = 1e-3, 1e-2
 BASELINE = ("torch", "torch_fused")
 VARIANTS = {
     "torch": "hand-written loop, AdamW (default)",
     "torch_fused": "hand-written loop, AdamW(fused=True)",
+    "functrain_pure": "functrain's default step (pure: the input state is untouched), eager",
     "functrain": "functrain step (donating), eager",
     "functrain_fit": "functrain.fit, eager",
+    "torch_chain": "hand-written loop, clip_grad_norm_ + AdamW(fused=True) in two groups "
+    "(no decay on biases) + a cosine LambdaLR",
+    "functrain_chain": "functrain's pure step, chain(clip_by_global_norm(1.0), adamw(cosine lr, "
+    "weight_decay_mask=no_decay_mask))",
     "torch_compiled": "torch.compile(model) + AdamW(fused=True)",
-    "functrain_compiled": "functrain compile_step (optimizer in the graph)",
+    "torch_compiled_opt": "torch.compile(model) + a torch.compile'd AdamW step (tensor lr)",
+    "functrain_compiled": "functrain compile_step",
     "composer": "Composer Trainer, progress bar and logging off",
     "composer_defaults": "Composer Trainer, defaults",
     "lightning": "Lightning Trainer, progress bar and logging off",
     "lightning_defaults": "Lightning Trainer, defaults",
 }
-COMPILED = ("torch_compiled", "functrain_compiled")
+COMPILED = ("torch_compiled", "torch_compiled_opt", "functrain_compiled")
+# The chain variants' schedule: a 10-batch warm-up, then a cosine over a long run.
+WARMUP, HORIZON = 10, 100_000
 
 
-# ------------------------------------------------------------------------------------------------
-# models
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A benchmark model: how to build it, its batches, its loss, and how long a block runs.
-
-    Attributes:
-        name: the key in tables and JSON.
-        description: one line for the table.
-        build: `() -> nn.Module`, deterministic (the same weights on every call).
-        make_batch: `(generator) -> (inputs, targets)`.
-        criterion: `(outputs, targets) -> loss`; every variant trains on this same loss.
-        steps: timed steps per block (0.1-0.3 s of one core's time: short blocks interleave the
-            variants finely, so a change in the machine's load hits them alike).
-    """
-
-    name: str
-    description: str
-    build: Callable[[], torch.nn.Module]
-    make_batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
-    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    steps: int
-
-    def loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
-        """`criterion(model(inputs), targets)`: the loss_fn of every variant."""
-        inputs, targets = batch
-        return self.criterion(model(inputs), targets)
-
-
-def _mlp(sizes: Sequence[int]) -> torch.nn.Module:
-    layers: list[torch.nn.Module] = []
-    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
-
-
-def _seeded(build: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
-    def seeded():
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return build()
-
-    return seeded
-
-
-def _images(batch: int, size: int) -> Callable:
-    return lambda g: (
-        torch.randn(batch, 1, size, size, generator=g),
-        torch.randint(0, 10, (batch,), generator=g),
-    )
-
-
-def _tokens(batch: int, length: int, vocab: int) -> Callable:
-    def make(g):
-        ids = torch.randint(0, vocab, (batch, length + 1), generator=g)
-        return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
-
-    return make
-
-
-def _sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def model_specs() -> dict[str, ModelSpec]:
-    """The four benchmark models, by name."""
-    from functrain.models import GPT, GPTConfig, SmallResNet
-
-    gpt = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
-    specs = [
-        ModelSpec(
-            "tiny_mlp",
-            "MLP 64-128-128-10, batch 32",
-            _seeded(lambda: _mlp([64, 128, 128, 10])),
-            lambda g: (torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)),
-            F.cross_entropy,
-            steps=150,
-        ),
-        ModelSpec(
-            "mlp",
-            "MLP 784-512-512-10, batch 128",
-            _seeded(lambda: _mlp([784, 512, 512, 10])),
-            lambda g: (
-                torch.randn(128, 784, generator=g),
-                torch.randint(0, 10, (128,), generator=g),
-            ),
-            F.cross_entropy,
-            steps=30,
-        ),
-        ModelSpec(
-            "cnn",
-            "ResNet-style CNN (16-32 ch, BatchNorm), 28x28, batch 32",
-            _seeded(lambda: SmallResNet(in_channels=1, num_classes=10, widths=(16, 32))),
-            _images(32, 28),
-            F.cross_entropy,
-            steps=6,
-        ),
-        ModelSpec(
-            "gpt",
-            "GPT 2 layers, d=128, 4 heads, context 64, batch 16",
-            _seeded(lambda: GPT(gpt)),
-            _tokens(16, 64, gpt.vocab_size),
-            _sequence_loss,
-            steps=6,
-        ),
-    ]
-    return {spec.name: spec for spec in specs}
-
-
-class Batches:
-    """`length` batches that cycle through `count` fixed ones: a long epoch, cheap to index.
-
-    A long epoch keeps epoch-end work (which every trainer does differently) out of the timings.
-    """
-
-    def __init__(self, spec: ModelSpec, device: torch.device, count: int = 8, length: int = 10**7):
-        gen = torch.Generator().manual_seed(1234)
-        self.batches = [tuple(t.to(device) for t in spec.make_batch(gen)) for _ in range(count)]
-        self.length = length
-        self.batch_size = len(self.batches[0][0])  # Composer reads it (one microbatch per batch)
-
-    def take(self, length: int) -> Batches:
-        """The same batches as an epoch of `length`."""
-        view = copy.copy(self)
-        view.length = length
-        return view
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int):
-        if not 0 <= index < self.length:
-            raise IndexError(index)
-        return self.batches[index % len(self.batches)]
-
-    def __iter__(self):
-        return (self.batches[i % len(self.batches)] for i in range(self.length))
+def cosine_multiplier(batch: int) -> float:
+    """The chain variants' lr multiplier at `batch` (what functrain's schedule computes)."""
+    if batch < WARMUP:
+        return batch / WARMUP
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (batch - WARMUP) / (HORIZON - WARMUP))))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,19 +86,37 @@ def _torch_adamw(params, fused: bool | None) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
 
 
-def _hand_written(spec, data, device, now, *, fused: bool, compile_model: bool) -> common.Runner:
+def _hand_written(
+    spec, data, device, now, *, fused: bool, compile_model: bool, chain=False, compile_opt=False
+) -> common.Runner:
     model = spec.build().to(device)
-    opt = _torch_adamw(model.parameters(), fused=True if fused else None)
+    if chain:  # what functrain_chain computes, written the usual PyTorch way
+        groups = [
+            {"params": [p for p in model.parameters() if p.ndim > 1]},
+            {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(groups, lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, cosine_multiplier)
+    elif compile_opt:  # a tensor lr, so the compiled step does not recompile when it changes
+        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(LR), weight_decay=WEIGHT_DECAY)
+    else:
+        opt = _torch_adamw(model.parameters(), fused=True if fused else None)
     forward = torch.compile(model) if compile_model else model
+    opt_step = torch.compile(opt.step) if compile_opt else opt.step
     batches, info = iter(data), {}
 
     def train_step():
         opt.zero_grad(set_to_none=True)
-        spec.loss(forward, next(batches)).backward()
-        opt.step()
+        loss = spec.loss(forward, next(batches))
+        loss.backward()
+        if chain:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt_step()
+        if chain:
+            schedule.step()
 
     if compile_model:
-        info["compile_s"] = _first_call_seconds(train_step, device)  # wall: compilers run aside
+        info.update(_compile_seconds(train_step, device))
 
     def run(n):
         stamps = []
@@ -229,25 +128,33 @@ def _hand_written(spec, data, device, now, *, fused: bool, compile_model: bool) 
     return common.Runner("", run, info=info)
 
 
-def _functrain(spec, data, device, now, *, compiled: bool, use_fit: bool) -> common.Runner:
+def _functrain(
+    spec, data, device, now, *, compiled: bool, use_fit: bool, pure=False, chain=False
+) -> common.Runner:
     import functrain
+    from functrain import optim, schedules
 
     model = spec.build().to(device)
-    opt = functrain.optim.adamw(lr=LR, weight_decay=WEIGHT_DECAY)
-    step = functrain.make_step(model, spec.loss, opt).with_options(donate=True)
+    if chain:
+        lr = LR * schedules.cosine_annealing_with_warmup(f"{WARMUP}ba", t_max=f"{HORIZON}ba")
+        opt = optim.chain(
+            optim.clip_by_global_norm(1.0),
+            optim.adamw(lr, weight_decay=WEIGHT_DECAY, weight_decay_mask=optim.no_decay_mask),
+        )
+    else:
+        opt = optim.adamw(lr=LR, weight_decay=WEIGHT_DECAY)
+    step = functrain.make_step(model, spec.loss, opt, donate=not pure)
     if compiled:
         step = functrain.compile_step(step)
     holder = {"state": functrain.init(model, opt, seed=0)}
     batches, info = iter(data), {}
 
-    if compiled:  # two calls: the first compiles, the second when the step count turns dynamic
+    if compiled:
 
         def warm():
             holder["state"], _ = step(holder["state"], next(batches))
 
-        info["compile_s_first"] = _first_call_seconds(warm, device)
-        info["compile_s_second"] = _first_call_seconds(warm, device)
-        info["compile_s"] = info["compile_s_first"] + info["compile_s_second"]
+        info.update(_compile_seconds(warm, device))
 
     if use_fit:
         from functrain.loop import fit  # functrain.fit once the lead re-exports it
@@ -287,6 +194,22 @@ def _functrain(spec, data, device, now, *, compiled: bool, use_fit: bool) -> com
     return common.Runner("", run, info=info)
 
 
+def _compile_seconds(train_step: Callable[[], Any], device) -> dict:
+    """The first two calls' wall seconds, and `compile_s`: their sum less two steady calls.
+
+    Two calls, since a step that recompiles does so on its second call (a value guarded on
+    changed); the steady calls' time is taken away so that only compiling counts.
+    """
+    first = _first_call_seconds(train_step, device)
+    second = _first_call_seconds(train_step, device)
+    steady = min(_first_call_seconds(train_step, device) for _ in range(2))
+    return {
+        "compile_s_first": first,
+        "compile_s_second": second,
+        "compile_s": max(0.0, first + second - 2 * steady),
+    }
+
+
 def _first_call_seconds(fn: Callable[[], Any], device) -> float:
     """Wall seconds of one call (compilers work in other processes: CPU time would miss them)."""
     now = common.clock("wall", device)
@@ -322,16 +245,18 @@ def build_variant(name: str, spec: ModelSpec, data: Batches, device: torch.devic
         runner = make(
             spec, data, device, now, defaults=bool(defaults), lr=LR, weight_decay=WEIGHT_DECAY
         )
-    elif name in ("torch", "torch_fused", "torch_compiled"):
+    elif name.startswith("torch"):
         runner = _hand_written(
             spec,
             data,
             device,
             now,
             fused=name != "torch",
-            compile_model=name == "torch_compiled",
+            compile_model=name in ("torch_compiled", "torch_compiled_opt"),
+            chain=name == "torch_chain",
+            compile_opt=name == "torch_compiled_opt",
         )
-    elif name in ("functrain", "functrain_fit", "functrain_compiled"):
+    elif name in VARIANTS and name.startswith("functrain"):
         runner = _functrain(
             spec,
             data,
@@ -339,6 +264,8 @@ def build_variant(name: str, spec: ModelSpec, data: Batches, device: torch.devic
             now,
             compiled=name == "functrain_compiled",
             use_fit=name == "functrain_fit",
+            pure=name in ("functrain_pure", "functrain_chain"),
+            chain=name == "functrain_chain",
         )
     else:
         raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
@@ -447,7 +374,7 @@ def _overhead(args: argparse.Namespace, argv, fresh_cache: bool) -> dict:
     )
     report["config"]["fresh_compile_cache"] = fresh_cache
     for model_name in args.models:
-        report["models"][model_name] = _time_model(model_specs()[model_name], args)
+        report["models"][model_name] = _time_model(model_specs()[model_name], args, fresh_cache)
     report["goals"] = check_goals(report["models"])
     report["total_s"] = time.perf_counter() - started
     path = common.write_json(args.out or f"{common.RESULTS_DIR}/overhead.json", report)
@@ -460,7 +387,35 @@ def _overhead(args: argparse.Namespace, argv, fresh_cache: bool) -> dict:
     return report
 
 
-def _time_model(spec: ModelSpec, args: argparse.Namespace) -> dict:
+def measure_compile(model: str, variant: str, threads: int) -> dict:
+    """Build `variant` on `model` here and return its compile facts (`compile_s`, ...)."""
+    torch.set_num_threads(threads)
+    spec = model_specs()[model]
+    runner = build_variant(variant, spec, Batches(spec, torch.device("cpu")))
+    runner.close()
+    return {k: v for k, v in runner.info.items() if k.startswith("compile_s")}
+
+
+def _compile_in_fresh_process(model: str, variant: str, threads: int) -> dict:
+    """`measure_compile` in a new process with an empty inductor cache of its own."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import json, sys; from bench.overhead import measure_compile; "
+        "print(json.dumps(measure_compile(sys.argv[1], sys.argv[2], int(sys.argv[3]))))"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-inductor-") as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+        proc = subprocess.run(
+            [sys.executable, "-c", code, model, variant, str(threads)],
+            cwd=root, env=env, capture_output=True, text=True, timeout=3600,
+        )  # fmt: skip
+    if proc.returncode != 0:
+        return {"compile_error": proc.stderr[-400:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _time_model(spec: ModelSpec, args: argparse.Namespace, fresh_cache: bool = False) -> dict:
     """Build and warm up every variant on `spec`, then time them interleaved."""
     steps = max(2, round(spec.steps * args.steps_scale))
     data, now = Batches(spec, args.device), common.clock(args.clock, args.device)
@@ -497,6 +452,12 @@ def _time_model(spec: ModelSpec, args: argparse.Namespace) -> dict:
             runner.close()
     for name, runner in runners.items():
         results[name] = {"status": "ok", **timed["variants"][name], **runner.info}
+        if name in COMPILED and fresh_cache:
+            # In this process the variants share inductor's caches, so whichever compiles
+            # second reuses the first's kernels: each is timed again in a process of its own.
+            fresh = _compile_in_fresh_process(spec.name, name, args.threads)
+            results[name]["compile_s_in_process"] = results[name].get("compile_s")
+            results[name].update(fresh)
     return {
         "description": spec.description,
         "parameters": sum(p.numel() for p in spec.build().parameters()),
@@ -517,84 +478,17 @@ def _reset_compiler() -> None:
     torch._dynamo.reset()
 
 
-def main_memory(argv: Sequence[str] | None = None) -> dict:
-    """`python -m bench memory`: the peak bytes torch allocates per variant; table and JSON."""
-    args = parse_args(argv, "memory")
-    with _threads(args.threads), common.fresh_compile_cache():
-        return _memory(args, argv)
-
-
-def _memory(args: argparse.Namespace, argv) -> dict:
-    started = time.perf_counter()
-    report = common.new_report(
-        "memory",
-        argv,
-        method=(
-            "torch.profiler allocation events (profile_memory=True): the most bytes allocated "
-            "at once during the measured steps, counted from before the variant was built"
-        ),
-        config={
-            "warmup": args.warmup,
-            "measured_steps": MEMORY_STEPS,
-            "device": str(args.device),
-            "threads": args.threads,
-        },
-        variants={v: VARIANTS[v] for v in args.variants},
-        models={},
-    )
-    for model_name in args.models:
-        report["models"][model_name] = _measure_memory(model_specs()[model_name], args)
-    report["goals"] = check_goals(report["models"], memory=True)
-    report["total_s"] = time.perf_counter() - started
-    path = common.write_json(args.out or f"{common.RESULTS_DIR}/memory.json", report)
-    print(common.variants_table(report, "peak_mib", "MiB"))
-    print()
-    print(common.goals_table(report["goals"]))
-    print(f"\n{report['total_s']:.0f} s in all; JSON written to {path}")
-    return report
-
-
-MEMORY_STEPS = 2
-
-
-def _measure_memory(spec: ModelSpec, args: argparse.Namespace) -> dict:
-    """Each variant's peak, built from scratch inside its own profiling window."""
-    data = Batches(spec, args.device)  # outside the windows: the same for every variant
-    results = {}
-    for name in args.variants:
-        results[name] = {"status": "skipped", "reason": unavailable(name)}
-        if results[name]["reason"]:
-            common.log(f"[memory] {spec.name}/{name}: skipped ({results[name]['reason']})")
-            continue
-        common.log(f"[memory] {spec.name}/{name}")
-        _reset_compiler()
-        try:
-            measured = common.peak_allocated_bytes(
-                lambda name=name: build_variant(name, spec, data, args.device),
-                warmup=args.warmup,
-                steps=MEMORY_STEPS,
-            )
-        except Exception as error:  # report it beside the others' results; do not stop
-            results[name] = {"status": "failed", "reason": common.describe_error(error)}
-            common.log(f"[memory] {spec.name}/{name}: FAILED ({results[name]['reason']})")
-            continue
-        results[name] = {"status": "ok", **measured, "peak_mib": measured["peak_bytes"] / 2**20}
-    floors = [
-        results[b]["peak_bytes"] for b in BASELINE if results.get(b, {}).get("status") == "ok"
-    ]
-    for entry in results.values():
-        if entry["status"] == "ok":
-            entry["ratio"] = entry["peak_bytes"] / min(floors) if floors else None
-    return {"description": spec.description, "variants": results}
-
-
 # ------------------------------------------------------------------------------------------------
 # goals and the compile table
 
 TIME_GOALS = {  # variant -> (limit, {model: limit}) on its ratio to the faster hand-written loop
-    "functrain": (1.03, {"gpt": 1.01, "tiny_mlp": 1.05}),
-    "functrain_compiled": (None, {"cnn": 0.80, "gpt": 0.95}),
+    "functrain_pure": (1.05, {"tiny_mlp": 1.15}),
+    "functrain": (1.05, {"tiny_mlp": 1.15}),
+    "functrain_fit": (1.05, {"tiny_mlp": 1.20}),
+    "functrain_chain": (None, {"mlp": 1.05}),
+    "functrain_compiled": (None, {"cnn": 0.80, "gpt": 0.92}),
 }
+COMPILE_TIME_GOAL = 1.2  # functrain_compiled's compile seconds over torch_compiled_opt's
 MEMORY_GOAL = 1.10
 
 
@@ -623,6 +517,18 @@ def check_goals(models: dict, memory: bool = False) -> list[dict]:
             goals.append(
                 common.goal(model, what, ratio("functrain_compiled"), ratio("torch_compiled"))
             )
+        ours, theirs = (
+            entry["variants"].get(n, {}) for n in ("functrain_compiled", "torch_compiled_opt")
+        )
+        if ours.get("compile_s") is not None and theirs.get("compile_s"):
+            goals.append(
+                common.goal(
+                    model,
+                    "functrain_compiled compile time / torch_compiled_opt's",
+                    ours["compile_s"] / theirs["compile_s"],
+                    COMPILE_TIME_GOAL,
+                )
+            )
         # Like for like: functrain's loop (fit) against the peers' Trainer.fit.
         ours = "functrain_fit" if ratio("functrain_fit") is not None else "functrain"
         for peer in PEERS:
@@ -634,8 +540,8 @@ def check_goals(models: dict, memory: bool = False) -> list[dict]:
 
 
 def compile_table(report: dict) -> str:
-    """Wall seconds of the compiled variants' first calls (functrain's: the first two, as the
-    second recompiles once the step count turns dynamic), with a fresh compile cache."""
+    """Wall seconds spent compiling (the first two calls less two steady ones), each variant in a
+    process of its own with an empty compile cache."""
     models = list(report["models"])
     rows = []
     for variant in COMPILED:

@@ -55,8 +55,9 @@ import torch
 from . import precision as precision_lib
 from .batching import num_samples
 from .guards import skip_nonfinite
-from .optim import apply_updates, global_norm
+from .optim import apply_updates, fused_update, global_norm
 from .optim._foreach import is_dtensor, placed_alike
+from .optim.buffers import BufferPool
 from .parallel import compute as parallel_compute
 from .parallel import data_parallel_info, norms
 from .pieces import (
@@ -73,6 +74,7 @@ from .step_checks import check_config, check_surgery_applied
 from .step_grads import GradsPiece
 from .step_plan import Plans, StatePlan
 from .step_protocol import Evaluator
+from .tree import tree_flatten, tree_unflatten
 
 __all__ = ["Algorithm", "GradResult", "Step", "StepPieces", "compose", "make_step"]
 
@@ -165,43 +167,65 @@ class Step:
     # -- the default update piece (the optim engineer's fused fast path) ----------------------
 
     def _update(self, grads: dict, state: TrainState) -> TrainState:
-        donate = self.config.donate
+        """The optimizer update: fused kernels in place, on private copies unless donating.
+
+        Purity is a property, not a price: a pure step copies the trainable params and the
+        optimizer state into buffers nobody else holds (recycled from the state of the call
+        before, see `functrain.optim.buffers`) and then runs exactly the donating update on
+        them. The update is the fused executor (`functrain.optim.fused`: torch's fused kernels
+        for the whole composition) when the optimizer has a fused form, else its `update` with
+        `donate=True`.
+        """
         trainable = {k: state.params[k] for k in grads}
-        if donate and self._can_fuse(trainable, grads):
-            # One fused kernel updates the (donated) params and moments in place.
-            opt_state = self.optimizer.fused_update(
-                grads, state.opt_state, trainable, time=state.timestamp
+        if torch.compiler.is_compiling():  # traced: the functional path, which inductor fuses
+            updates, opt_state = self.optimizer.update(
+                grads, state.opt_state, trainable, time=state.timestamp, donate=self.config.donate
             )
-            return state.replace(opt_state=opt_state)
-        updates, opt_state = self.optimizer.update(
-            grads, state.opt_state, trainable, time=state.timestamp, donate=donate
-        )
-        new_params = apply_updates(trainable, updates, donate=donate)
-        return state.replace(params={**state.params, **new_params}, opt_state=opt_state)
+            new_params = apply_updates(trainable, updates, donate=self.config.donate)
+            return state.replace(params={**state.params, **new_params}, opt_state=opt_state)
+        params, opt_state = trainable, state.opt_state
+        if not self.config.donate:
+            params, opt_state = self._private_copies(params, opt_state)
+        new_opt_state = None
+        if self._can_fuse(params, grads):
+            new_opt_state = fused_update(
+                self.optimizer, grads, opt_state, params, time=state.timestamp
+            )
+        if new_opt_state is None:  # no fused form: the transforms' own in-place path
+            updates, new_opt_state = self.optimizer.update(
+                grads, opt_state, params, time=state.timestamp, donate=True
+            )
+            params = apply_updates(params, updates, donate=True)
+        return state.replace(params={**state.params, **params}, opt_state=new_opt_state)
+
+    def _private_copies(self, params: dict, opt_state: Any) -> tuple[dict, Any]:
+        """Copies of `params` and of `opt_state`'s tensors that this step may update in place."""
+        pool = self.__dict__.get("_buffer_pool")
+        if pool is None:
+            pool = self.__dict__["_buffer_pool"] = BufferPool()
+        leaves, spec = tree_flatten(opt_state)
+        slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        copies = pool.private_copies([*params.values(), *(leaves[i] for i in slots)])
+        for i, copy in zip(slots, copies[len(params) :]):
+            leaves[i] = copy
+        return dict(zip(params, copies)), tree_unflatten(spec, leaves)
 
     def _can_fuse(self, params: dict, grads: dict) -> bool:
-        """True when the optimizer's fused in-place path applies: one device and dtype, outside
-        torch.compile (which fuses the foreach path itself), and either plain tensors or DTensors
-        placed exactly like their parameter (the kernel is elementwise, so it runs on each rank's
-        local pieces without DTensor's per-op dispatch)."""
-        if getattr(self.optimizer, "fused_update", None) is None or torch.compiler.is_compiling():
+        """True when the fused executor may run: the optimizer describes itself (`spec`), and
+        every parameter and gradient is a plain tensor or a DTensor placed like its parameter
+        (the kernels are elementwise, so they run on each rank's local pieces without DTensor's
+        per-op dispatch). The executor checks the rest (the composition, dtypes, devices) and
+        declines, touching nothing, when it has no fused form."""
+        if getattr(self.optimizer, "spec", None) is None or not grads:
             return False
-        if not grads:
-            return False
-        locals_ = []
         for name, grad in grads.items():
             param = params[name]
             if is_dtensor(param) or is_dtensor(grad):
                 if not placed_alike(param, grad):
                     return False
-                param, grad = param._local_tensor, grad._local_tensor
-            elif type(param) is not torch.Tensor or type(grad) is not torch.Tensor:
+            elif not (type(param) in _PLAIN_TENSORS and type(grad) in _PLAIN_TENSORS):
                 return False
-            locals_ += [param, grad]
-        first = locals_[0]
-        return all(t.dtype == first.dtype and t.device == first.device for t in locals_) and (
-            first.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-        )
+        return True
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -292,6 +316,9 @@ class Step:
                     raise
                 self._grads_piece.microbatch = current // 2  # remembered: a performance cache only
                 torch.cuda.empty_cache()
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _own_algorithms(config: StepConfig) -> tuple[Algorithm, ...]:

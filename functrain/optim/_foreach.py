@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -175,20 +176,35 @@ def params_like(grads: Any, params: Any, treespec: Any, who: str) -> list[torch.
     return leaves_matching(params, treespec, f"{who}: params")
 
 
-def evaluate(value: float | Callable[[Any], float], count: int, extra: Mapping[str, Any]) -> float:
+def evaluate(
+    value: float | Callable[[Any], float],
+    count: int,
+    extra: Mapping[str, Any],
+    name: str = "hyperparameter",
+) -> float:
     """A hyperparameter's current value: a number as is, a schedule at `extra["time"]` or `count`.
 
     Args:
         value: a number, or a schedule `schedule(t) -> float`.
         count: the transform's own update count, used when no `time` extra is given.
         extra: the update's keyword extras (may hold `time`, a `functrain.time.Timestamp`).
+        name: what the value is, for the error.
     Returns:
         the value as a Python float.
+    Raises:
+        ValueError: a schedule gave NaN or an infinity (it would silently ruin the run).
     """
-    if callable(value):
-        t = extra.get("time")
-        return float(value(count if t is None else t))
-    return float(value)
+    if not callable(value):
+        return float(value)
+    t = extra.get("time")
+    result = float(value(count if t is None else t))
+    if not math.isfinite(result):
+        where = f"batch {t.batch}" if t is not None else f"update {count}"
+        raise ValueError(
+            f"the schedule of {name} gave {result} at {where}: a schedule must return finite "
+            f"numbers (check its formula and its times, e.g. a zero-length warm-up); {value!r}"
+        )
+    return result
 
 
 def start_value(value: float | Callable[[Any], float]) -> float:
@@ -224,12 +240,19 @@ def check_number(
     """
     if schedule and callable(value):
         return  # schedules are checked when evaluated
+    kinds = "a number or a schedule `t -> float`" if schedule else "a number"
     try:
+        if isinstance(value, (bool, str)):  # float(True) and float("0.1") would pass
+            raise TypeError
         number = float(value)
     except (TypeError, ValueError):
-        kinds = "a number or a schedule `t -> float`" if schedule else "a number"
         hint = "" if schedule else " (schedule it with functrain.optim.inject_hyperparams)"
         raise TypeError(f"{name} must be {kinds}{hint}, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(
+            f"invalid {name}={value}: it must be a finite number (NaN or an infinity would turn "
+            "every parameter into NaN at the first step)"
+        )
     if number < low or (high is not None and number >= high):
         bounds = f"[{low}, {high})" if high is not None else f">= {low}"
         raise ValueError(f"invalid {name}={value}: it must be {bounds}")

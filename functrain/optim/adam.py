@@ -20,25 +20,16 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import (
-    check_number,
-    copy_into,
-    donating,
-    evaluate,
-    fe,
-    flatten,
-    leaves_matching,
-    local_pieces,
-)
+from ._foreach import check_number, copy_into, donating, fe, flatten, leaves_matching
 from .base import Transform, chain
 from .masking import masked_passthrough
 from .scale import (
     ScalarOrSchedule,
-    ScaleByLearningRateState,
     add_decayed_weights,
     add_decoupled_weight_decay,
     scale_by_learning_rate,
 )
+from .spec import AdamSpec
 
 
 class ScaleByAdamState(NamedTuple):
@@ -114,7 +105,7 @@ def scale_by_adam(
             new_state = ScaleByAdamState(step, mu_tree, nu_tree)
         return tree_unflatten(spec, out), new_state
 
-    return Transform(init, update)
+    return Transform(init, update, AdamSpec(b1, b2, eps, bool(amsgrad)))
 
 
 def adam(
@@ -168,48 +159,11 @@ def adamw(
     """
     check_number("lr", lr, schedule=True)
     b1, b2 = betas
-    transform = chain(
+    return chain(
         scale_by_adam(b1, b2, eps, amsgrad),
         masked_passthrough(add_decayed_weights(weight_decay), weight_decay_mask),
         scale_by_learning_rate(lr),
     )
-    if amsgrad or weight_decay_mask is not None:
-        return transform
-
-    def fused_update(grads, state, params, **extra):
-        """The same step in place with torch's fused AdamW kernel (one pass instead of ~13).
-
-        Only for tensors of one device and dtype; DTensors (placed like their parameters) are
-        updated through their local pieces, as the kernel is elementwise. The state keeps the
-        chain's structure, so a checkpoint does not know which path wrote it.
-        """
-        adam_state, decay_state, lr_state = state
-        value = evaluate(lr, lr_state.count, extra)
-        names = list(grads)
-        step = adam_state.count + 1
-        steps = [torch.tensor(float(step))] * len(names)  # the kernel reads the step per tensor
-        torch._fused_adamw_(
-            local_pieces([params[k] for k in names]),
-            local_pieces([grads[k] for k in names]),
-            local_pieces([adam_state.mu[k] for k in names]),
-            local_pieces([adam_state.nu[k] for k in names]),
-            [],
-            steps,
-            lr=value,
-            beta1=b1,
-            beta2=b2,
-            weight_decay=float(weight_decay),
-            eps=eps,
-            amsgrad=False,
-            maximize=False,
-        )
-        return (
-            adam_state._replace(count=step),
-            decay_state,
-            ScaleByLearningRateState(lr_state.count + 1, value),
-        )
-
-    return transform._replace(fused_update=fused_update)
 
 
 def decoupled_adamw(
@@ -231,11 +185,12 @@ def decoupled_adamw(
         lr: learning rate, a number or a schedule `t -> lr`.
         betas, eps, amsgrad: as in `adam`.
         weight_decay: decoupled decay per step at the initial learning rate.
-        initial_lr: the base learning rate; defaults to `lr` if a number, required with a
-            schedule (and with `inject_hyperparams`, which passes the scheduled value as `lr`).
+        initial_lr: the base learning rate the decay is relative to; read from `lr` when it
+            names one (a number, or `base * schedule`), required only for a plain function.
+            Under `inject_hyperparams` it is read from the scheduled `lr` the same way.
         weight_decay_mask: optional `{name: bool}` or `params -> {name: bool}`; False = no decay.
     Example:
-        >>> opt = decoupled_adamw(lambda t: 1e-3 * 0.99**t, initial_lr=1e-3)
+        >>> opt = decoupled_adamw(1e-3 * cosine_annealing_with_warmup("1ep"))  # base 1e-3
     """
     check_number("lr", lr, schedule=True)
     b1, b2 = betas

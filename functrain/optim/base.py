@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -31,6 +30,7 @@ import torch
 
 from ..tree import tree_flatten, tree_leaves, tree_unflatten
 from ._foreach import fe, is_dtensor
+from .spec import ChainSpec
 
 Params = Any
 Updates = Any
@@ -47,10 +47,10 @@ class Transform(NamedTuple):
 
     init: Callable[[Params], OptState]
     update: Callable[..., tuple[Updates, OptState]]
-    # Optional fast path for a donating step: `fused_update(grads, state, params, **extra) ->
-    # state` updates `params` and the state's tensors in place with one fused kernel, giving the
-    # same result as `update` + `apply_updates` up to rounding. None: no fused path.
-    fused_update: Callable[..., OptState] | None = None
+    # What this transform is, for the fused executor (`functrain.optim.fused`): a record from
+    # `functrain.optim.spec` (e.g. `AdamSpec(...)`, `ChainSpec(...)`). None: only `update` runs
+    # it (a user's own transform needs none).
+    spec: Any = None
 
 
 class EmptyState(NamedTuple):
@@ -107,7 +107,7 @@ def chain(*transforms: Transform) -> Transform:
             new_states.append(s)
         return grads, tuple(new_states)
 
-    return Transform(init, update)
+    return Transform(init, update, ChainSpec(tuple(t.spec for t in transforms)))
 
 
 def apply_updates(params: Params, updates: Updates, donate: bool = False) -> Params:
@@ -170,9 +170,11 @@ def global_norm(tree: Any) -> torch.Tensor:
     """The L2 norm of all tensor leaves of `tree` together, as a 0-d tensor (no host sync).
 
     DTensor leaves contribute their true global norm: each rank sums the squares of its local
-    shard (divided by the number of replicas, so replicated copies count once) and one
-    all-reduce per mesh dimension adds them up. The result is the same on every rank and equal
-    to the norm of the unsharded tree. Not differentiable (computed under no_grad).
+    piece, and the pieces are added up over the mesh dimensions the leaf is sharded on (one
+    all-reduce per such dimension, for all leaves sharded alike). Replicated dimensions need no
+    communication: every rank already holds the same values (so a DDP model's norm costs no
+    collective). The result is the same on every rank and equal to the norm of the unsharded tree.
+    Not differentiable (computed under no_grad).
 
     Args:
         tree: a pytree of tensors or DTensors (gradients, updates, parameters).
@@ -187,7 +189,8 @@ def global_norm(tree: Any) -> torch.Tensor:
         return torch.zeros(())
     dtype = torch.float64 if any(x.dtype == torch.float64 for x in leaves) else torch.float32
     plain: list[torch.Tensor] = []
-    sharded: dict[Any, dict[int, list[torch.Tensor]]] = {}  # mesh -> replicas -> local shards
+    # (mesh, the mesh dims to sum over) -> local pieces
+    sharded: dict[tuple[Any, tuple[int, ...]], list[torch.Tensor]] = {}
     with torch.no_grad():
         for x in leaves:
             if not is_dtensor(x):
@@ -197,20 +200,16 @@ def global_norm(tree: Any) -> torch.Tensor:
                 plain.append(torch.linalg.vector_norm(x.full_tensor()))
             else:
                 mesh = x.device_mesh
-                replicas = math.prod(
-                    mesh.size(i) for i, p in enumerate(x.placements) if p.is_replicate()
+                dims = tuple(
+                    i for i, p in enumerate(x.placements) if p.is_shard() and mesh.size(i) > 1
                 )
-                sharded.setdefault(mesh, {}).setdefault(replicas, []).append(x.to_local())
+                sharded.setdefault((mesh, dims), []).append(x.to_local())
         device = leaves[0].to_local().device if is_dtensor(leaves[0]) else leaves[0].device
         total = _sum_of_squares(plain, dtype, device)
-        for mesh, groups in sharded.items():
-            local = sum(
-                _sum_of_squares(shards, dtype, device) / replicas
-                for replicas, shards in groups.items()
-            )
-            for dim in range(mesh.ndim):  # one all-reduce per mesh dim sums over the whole mesh
-                if mesh.size(dim) > 1:  # a size-1 dimension has nothing to add
-                    torch.distributed.all_reduce(local, group=mesh.get_group(dim))
+        for (mesh, dims), pieces in sharded.items():
+            local = _sum_of_squares(pieces, dtype, device)
+            for dim in dims:
+                torch.distributed.all_reduce(local, group=mesh.get_group(dim))
             total = total + local
         return total.sqrt()
 

@@ -9,11 +9,14 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..tree import tree_unflatten
 from ._foreach import check_number, donating, fe, flatten, params_like
 from .base import EmptyState, Transform, global_norm
+from .spec import ClipByGlobalNormSpec
 
 
 def _no_state(params):
@@ -51,7 +54,7 @@ def clip_by_global_norm(max_norm: float) -> Transform:
         out = fe("mul", leaves, factor.to(leaves[0].device), inplace=donating(extra))
         return tree_unflatten(spec, out), state
 
-    return Transform(_no_state, update)
+    return Transform(_no_state, update, ClipByGlobalNormSpec(max_norm))
 
 
 def clip_by_value(
@@ -74,6 +77,9 @@ def clip_by_value(
     else:
         if min is None and max is None:
             raise ValueError("clip_by_value needs limit=, or min= and/or max=")
+        for name, bound in (("min", min), ("max", max)):
+            if bound is not None:
+                check_number(name, bound, low=-math.inf)
         low = None if min is None else float(min)
         high = None if max is None else float(max)
         if low is not None and high is not None and low > high:

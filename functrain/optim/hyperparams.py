@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -24,6 +25,7 @@ import torch
 from ..tree import tree_flatten
 from ._foreach import evaluate, start_value
 from .base import Transform
+from .spec import InjectSpec
 
 LR_NAMES = ("lr", "learning_rate")
 
@@ -52,7 +54,9 @@ def inject_hyperparams(
     Args:
         factory: a function returning a `Transform` (e.g. `adamw`, `sgd`, `clip_by_global_norm`).
         static_args: names passed to `factory` as given, even if numeric (e.g. "every_k").
-            Non-numeric arguments (bools, tuples such as `betas`, masks) are always static.
+            Non-numeric arguments (bools, tuples such as `betas`, masks) are always static; a
+            callable is a schedule except for a mask (`weight_decay_mask`) or an argument
+            whose default is not a number.
     Returns:
         a function taking `factory`'s keyword arguments, where numbers may be replaced by
         schedules, and returning a `Transform` with `InjectHyperparamsState`.
@@ -65,15 +69,18 @@ def inject_hyperparams(
     static_names = frozenset(static_args)
 
     def make(**hparams: Any) -> Transform:
+        given = hparams
+        hparams = _with_initial_lr(factory, hparams)
+        fixed = static_names | (hparams.keys() - given.keys())  # a derived initial_lr is static
         dynamic = {
             k: v
             for k, v in hparams.items()
-            if k not in static_names and (callable(v) or _is_number(v))
+            if k not in fixed and (_is_number(v) or (callable(v) and _numeric_arg(factory, k)))
         }
         static = {k: v for k, v in hparams.items() if k not in dynamic}
 
         def values_at(count: int, extra: Mapping[str, Any]) -> dict[str, float]:
-            return {k: evaluate(v, count, extra) for k, v in dynamic.items()}
+            return {k: evaluate(v, count, extra, k) for k, v in dynamic.items()}
 
         def init(params):
             values = {k: start_value(v) for k, v in dynamic.items()}
@@ -103,9 +110,55 @@ def inject_hyperparams(
                 raise structure_error(values)
             return updates, InjectHyperparamsState(state.count + 1, values, inner_state)
 
-        return Transform(init, update)
+        def build(values):
+            return factory(**static, **values)
+
+        return Transform(init, update, InjectSpec(values_at, build))
 
     return make
+
+
+def _with_initial_lr(factory: Callable[..., Transform], hparams: dict) -> dict:
+    """`hparams`, with `initial_lr` read from a scheduled `lr` for the decoupled optimizers.
+
+    The factory sees each step's lr as a number, so without this it would take every step's
+    lr for the base and never follow the schedule's shape.
+    """
+    lr = hparams.get("lr")
+    if "initial_lr" in hparams or not callable(lr) or not _accepts(factory, "initial_lr"):
+        return hparams
+    from .scale import base_lr
+
+    base = base_lr(lr)
+    if base is None:
+        raise ValueError(
+            f"inject_hyperparams({getattr(factory, '__name__', factory)}): the decay is relative "
+            "to the base learning rate, which a plain function does not name; pass initial_lr= "
+            "(static), or write lr as `base * schedule` with a functrain.schedules schedule"
+        )
+    return {**hparams, "initial_lr": base}
+
+
+def _numeric_arg(factory: Callable[..., Any], name: str) -> bool:
+    """True when a callable given for `factory`'s argument `name` is a schedule: unless the
+    argument is a mask (`mask`, `*_mask`) or has a default that is not a number (a function
+    argument), a callable there stands for a number that changes."""
+    if name in LR_NAMES:
+        return True
+    if name == "mask" or name.endswith("_mask"):
+        return False
+    try:
+        default = inspect.signature(factory).parameters[name].default
+    except (KeyError, TypeError, ValueError):
+        return True
+    return default is inspect.Parameter.empty or _is_number(default)
+
+
+def _accepts(factory: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or an odd callable: nothing to add
+        return False
 
 
 def current_lr(opt_state: Any) -> float | None:

@@ -21,6 +21,7 @@ from ._foreach import check_number, donating, fe, flatten, leaves_matching
 from .base import Transform, chain
 from .masking import masked_passthrough
 from .scale import ScalarOrSchedule, add_decayed_weights, scale_by_learning_rate
+from .spec import LionSpec
 
 
 class ScaleByLionState(NamedTuple):
@@ -61,7 +62,7 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
             state.count + 1, tree_unflatten(spec, mu)
         )
 
-    return Transform(init, update)
+    return Transform(init, update, LionSpec(b1, b2))
 
 
 def lion(

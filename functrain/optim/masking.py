@@ -22,6 +22,7 @@ import torch
 
 from ._foreach import donating, zeros_like
 from .base import Transform
+from .spec import MaskedSpec
 
 Mask = Mapping[str, bool] | Callable[[Any], Mapping[str, bool]]
 
@@ -104,7 +105,7 @@ def masked(inner: Transform, mask: Mask, *, passthrough: bool = False) -> Transf
         updates = {k: sub_updates[k] if k in kept else others[k] for k in grads}
         return updates, MaskedState(inner_state)
 
-    return Transform(init, update)
+    return Transform(init, update, MaskedSpec(inner.spec, mask, passthrough))
 
 
 def masked_passthrough(transform: Transform, mask: Mask | None) -> Transform:

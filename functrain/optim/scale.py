@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ import torch
 from ..tree import tree_unflatten
 from ._foreach import check_number, donating, evaluate, fe, flatten, params_like, start_value
 from .base import EmptyState, Transform
+from .spec import DecoupledWeightDecaySpec, LearningRateSpec, ScaleSpec, WeightDecaySpec
 
 ScalarOrSchedule = float | Callable[[Any], float]
 
@@ -30,6 +32,7 @@ def scale(factor: float) -> Transform:
     Example:
         >>> updates, _ = scale(-0.1).update(grads, EmptyState())
     """
+    check_number("factor", factor, low=-math.inf)
     factor = float(factor)
 
     def init(params):
@@ -42,7 +45,7 @@ def scale(factor: float) -> Transform:
         leaves, spec = flatten(grads)
         return tree_unflatten(spec, fe("mul", leaves, factor, inplace=donating(extra))), state
 
-    return Transform(init, update)
+    return Transform(init, update, ScaleSpec(factor))
 
 
 class ScaleByLearningRateState(NamedTuple):
@@ -75,12 +78,12 @@ def scale_by_learning_rate(lr: ScalarOrSchedule, *, flip_sign: bool = True) -> T
     @torch.no_grad()
     def update(grads, state, params=None, **extra):
         del params
-        value = evaluate(lr, state.count, extra)
+        value = evaluate(lr, state.count, extra, "lr")
         leaves, spec = flatten(grads)
         out = fe("mul", leaves, sign * value, inplace=donating(extra))
         return tree_unflatten(spec, out), ScaleByLearningRateState(state.count + 1, value)
 
-    return Transform(init, update)
+    return Transform(init, update, LearningRateSpec(lr, sign))
 
 
 def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
@@ -107,7 +110,7 @@ def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
         out = fe("add", leaves, ps, alpha=weight_decay, inplace=donating(extra))
         return tree_unflatten(spec, out), state
 
-    return Transform(init, update)
+    return Transform(init, update, WeightDecaySpec(weight_decay))
 
 
 class DecoupledWeightDecayState(NamedTuple):
@@ -132,22 +135,26 @@ def add_decoupled_weight_decay(
     Args:
         weight_decay: the decoupled coefficient.
         lr: the same learning rate (number or schedule) given to `scale_by_learning_rate`.
-        initial_lr: the base lr the schedule is relative to; defaults to `lr` when it is a
-            number, and is required when `lr` is a schedule (e.g. 1e-3 for `1e-3 * schedule`).
+        initial_lr: the base lr the schedule is relative to. By default it is read from `lr`:
+            the number itself, the factor of a scaled schedule (`1e-3 * cosine_annealing()`
+            names 1e-3), or 1 for a bare functrain schedule (whose values are multipliers of
+            1); only a plain function of time leaves it unknown, and then it is required.
     Example:
-        >>> opt = chain(trace(0.9), scale_by_learning_rate(0.1),
-        ...             add_decoupled_weight_decay(1e-4, lr=0.1))
+        >>> opt = chain(trace(0.9), scale_by_learning_rate(0.1 * cosine_annealing()),
+        ...             add_decoupled_weight_decay(1e-4, lr=0.1 * cosine_annealing()))
     """
     check_number("weight_decay", weight_decay)
+    check_number("lr", lr, schedule=True)
     weight_decay = float(weight_decay)
     base = _initial_lr(lr, initial_lr)
 
     def factor_at(count, extra):
-        return evaluate(lr, count, extra) / base if base else 1.0
+        return evaluate(lr, count, extra, "lr") / base if base else 1.0
 
     def init(params):
         del params
-        return DecoupledWeightDecayState(count=0, factor=factor_at(0, {}))
+        # start_value: a warm-up in epochs or "dur" resolves without the run's horizon at t=0.
+        return DecoupledWeightDecayState(count=0, factor=start_value(lr) / base if base else 1.0)
 
     @torch.no_grad()
     def update(grads, state, params=None, **extra):
@@ -160,16 +167,41 @@ def add_decoupled_weight_decay(
         out = fe("add", leaves, ps, alpha=-weight_decay * factor, inplace=donating(extra))
         return tree_unflatten(spec, out), new_state
 
-    return Transform(init, update)
+    return Transform(init, update, DecoupledWeightDecaySpec(weight_decay, lr, base))
+
+
+def base_lr(lr: ScalarOrSchedule) -> float | None:
+    """The base learning rate `lr` names, or None when it cannot be known.
+
+    A number is its own base; `factor * schedule` (a `functrain.schedules.Scaled`) names
+    `factor`; a bare functrain `Schedule` gives multipliers of 1. A plain function of time says
+    nothing about its base.
+
+    Example:
+        >>> base_lr(0.1 * cosine_annealing()), base_lr(0.1), base_lr(lambda t: 0.1)
+        (0.1, 0.1, None)
+    """
+    from ..schedules import Scaled, Schedule
+
+    if isinstance(lr, Scaled):
+        return lr.factor
+    if isinstance(lr, Schedule):
+        return 1.0
+    if callable(lr):
+        return None
+    return float(lr)
 
 
 def _initial_lr(lr: ScalarOrSchedule, initial_lr: float | None) -> float:
     if initial_lr is not None:
         check_number("initial_lr", initial_lr)
         return float(initial_lr)
-    if callable(lr):
+    base = base_lr(lr)
+    if base is None:
         raise ValueError(
-            "decoupled weight decay with a learning-rate schedule needs initial_lr=, the base "
-            "learning rate the decay is relative to (e.g. initial_lr=1e-3 for lr=1e-3 * schedule)"
+            "decoupled weight decay with a learning rate given as a plain function needs "
+            "initial_lr=, the base learning rate the decay is relative to; or write the "
+            "schedule as `base * schedule` with a functrain.schedules schedule (e.g. "
+            "lr=1e-3 * cosine_annealing()), which names its base"
         )
-    return float(lr)
+    return base

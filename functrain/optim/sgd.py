@@ -26,6 +26,7 @@ from .scale import (
     add_decoupled_weight_decay,
     scale_by_learning_rate,
 )
+from .spec import MomentumSpec
 
 
 class TraceState(NamedTuple):
@@ -73,7 +74,7 @@ def trace(decay: float, nesterov: bool = False, dampening: float = 0.0) -> Trans
             out = copy_into(leaves, buf) if donate else fe("clone", buf)
         return tree_unflatten(spec, out), TraceState(state.count + 1, tree_unflatten(spec, buf))
 
-    return Transform(init, update)
+    return Transform(init, update, MomentumSpec(decay, bool(nesterov), dampening))
 
 
 def _check_momentum(momentum: Any, dampening: Any, nesterov: bool) -> None:
@@ -140,8 +141,9 @@ def decoupled_sgdw(
         momentum, dampening, nesterov: as in `sgd`.
         weight_decay: decoupled decay; a parameter shrinks by `1 - weight_decay` per step at
             the initial learning rate (so it is typically much smaller than `sgd`'s).
-        initial_lr: the base learning rate; defaults to `lr` if a number, required with a
-            schedule (and with `inject_hyperparams`, which passes the scheduled value as `lr`).
+        initial_lr: the base learning rate the decay is relative to; read from `lr` when it
+            names one (a number, or `base * schedule`), required only for a plain function.
+            Under `inject_hyperparams` it is read from the scheduled `lr` the same way.
         weight_decay_mask: as in `sgd`.
     Example:
         >>> opt = decoupled_sgdw(0.1, momentum=0.9, weight_decay=1e-5)

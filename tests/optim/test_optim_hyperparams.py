@@ -127,3 +127,20 @@ def test_schedules_in_epoch_and_duration_units_initialise_without_a_horizon():
     assert current_lr(state) == pytest.approx(0.5e-3)
     injected = inject_hyperparams(adamw)(lr=1e-3 * schedules.cosine_annealing(t_max="1dur"))
     assert current_lr(injected.init(params)) == pytest.approx(1e-3)
+
+
+def test_a_mask_function_is_passed_as_is_and_other_callables_are_schedules():
+    from functrain.optim import adamw, clip_by_global_norm, inject_hyperparams, no_decay_mask
+
+    params = {"w": torch.ones(2, 2), "b": torch.ones(2)}
+    opt = inject_hyperparams(adamw)(
+        lr=lambda t: 0.1, weight_decay=0.5, weight_decay_mask=no_decay_mask
+    )
+    state = opt.init(params)
+    assert set(state.hyperparams) == {"lr", "weight_decay"}  # the mask is not a hyperparameter
+    grads = {k: torch.zeros_like(v) for k, v in params.items()}
+    updates, _ = opt.update(grads, state, params)
+    assert torch.allclose(updates["w"], -0.1 * 0.5 * params["w"])  # decayed
+    assert torch.equal(updates["b"], torch.zeros(2))  # masked out: no decay
+    clip = inject_hyperparams(clip_by_global_norm)(max_norm=lambda t: 2.0)
+    assert clip.init(params).hyperparams == {"max_norm": 2.0}

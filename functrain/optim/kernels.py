@@ -1,0 +1,174 @@
+"""The kernels behind the fused executor (`functrain.optim.fused`): one step of a recognised
+composition, in place, with torch's fused optimizer kernels.
+
+`run_recipe` evaluates the step's hyperparameters exactly as the transforms' `update` does (the
+lr at `extra["time"]` or the transform's own count, the decoupled decay's ratio), runs one kernel
+call per parameter group, and returns each primitive transform's new state.
+
+    adam core   torch._fused_adam_ (no decay, or L2 before the core) / torch._fused_adamw_
+                (decay times the lr, or a decoupled decay folded in as wd * ratio / lr)
+    sgd core    torch._fused_sgd_ (momentum, dampening, Nesterov, L2); a decay applied after
+                the momentum is a pre-pass `params *= 1 - decay`
+    lion core   five in-place foreach passes (torch has no Lion kernel)
+
+A global-norm clip is the kernels' `grad_scale` (they divide the gradients by it), except where
+no kernel takes one (Lion) or float32 would round it (float64 parameters): there the gradients
+are scaled first, as `clip_by_global_norm` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ._foreach import evaluate
+from .adam import ScaleByAdamState, ScaleByAmsgradState
+from .base import global_norm
+from .lion import ScaleByLionState
+from .scale import DecoupledWeightDecayState, ScaleByLearningRateState
+from .sgd import TraceState
+from .spec import AdamSpec, DecoupledWeightDecaySpec, LionSpec, MomentumSpec, ScaleSpec
+
+
+def run_recipe(recipe: Any, groups: dict, grads: list[Any], extra: Mapping[str, Any]) -> list:
+    """Evaluate this step's hyperparameters, run the kernels, and advance every leaf's state."""
+
+    multiplier, new_states = 1.0, {}
+    for leaf in recipe.scales:
+        if isinstance(leaf.spec, ScaleSpec):
+            multiplier *= leaf.spec.factor
+            new_states[id(leaf)] = leaf.state
+        else:
+            value = evaluate(leaf.spec.lr, leaf.state.count, extra, "lr")
+            multiplier *= leaf.spec.sign * value
+            new_states[id(leaf)] = ScaleByLearningRateState(leaf.state.count + 1, value)
+    for leaf in [recipe.decay, *recipe.inert]:
+        if leaf is not None and isinstance(leaf.spec, DecoupledWeightDecaySpec):
+            factor = _decoupled_factor(leaf.spec, leaf.state.count, extra)
+            new_states[id(leaf)] = DecoupledWeightDecayState(leaf.state.count + 1, factor)
+        elif leaf is not None:
+            new_states[id(leaf)] = leaf.state
+    grad_scale = clip_factor = None
+    if recipe.clip is not None:
+        new_states[id(recipe.clip)] = recipe.clip.state
+        max_norm = recipe.clip.spec.max_norm
+        norm = global_norm(grads)
+        # The kernels divide by grad_scale: max(norm, max_norm) / max_norm is exactly 1.0 below
+        # the threshold, as clip_by_global_norm's factor is.
+        grad_scale = torch.clamp(norm, min=max_norm) / max_norm
+        clip_factor = torch.full_like(norm, max_norm) / torch.clamp(norm, min=max_norm)
+    lr = -multiplier  # the kernels descend: param -= lr * direction
+    decay = recipe.decay
+    wd, decoupled = 0.0, 0.0
+    if decay is not None:
+        if recipe.decay_kind == "decoupled":
+            decoupled = decay.spec.weight_decay * new_states[id(decay)].factor
+        else:
+            wd = decay.spec.weight_decay
+    core = recipe.core
+    for (decayed, device, dtype), columns in groups.items():
+        scale = None if grad_scale is None else grad_scale.to(device, torch.float32)
+        if scale is not None and dtype == torch.float64:
+            # The kernels read their gradient scale as float32, which would round a float64
+            # run's clipping: scale the gradients in float64 instead (one more pass).
+            torch._foreach_mul_(columns[1], clip_factor.to(device))
+            scale = None
+        group_wd, group_decoupled = (wd, decoupled) if decayed else (0.0, 0.0)
+        if core is not None and isinstance(core.spec, AdamSpec):
+            _adam(core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale, device)
+        elif core is not None and isinstance(core.spec, LionSpec):
+            factor = None if clip_factor is None else clip_factor.to(device)
+            _lion(core.spec, columns, lr, group_wd, group_decoupled, recipe.decay_kind, factor)
+        else:
+            _sgd(core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale)
+    if core is not None:
+        count = core.state.count + 1
+        if isinstance(core.spec, AdamSpec):
+            kind = ScaleByAmsgradState if core.spec.amsgrad else ScaleByAdamState
+            new_states[id(core)] = kind(count, *core.state[1:])
+        elif isinstance(core.spec, LionSpec):
+            new_states[id(core)] = ScaleByLionState(count, core.state.mu)
+        else:
+            new_states[id(core)] = TraceState(count, core.state.momentum)
+    return [new_states[id(leaf)] for leaf in recipe.leaves]
+
+
+def _decoupled_factor(spec: DecoupledWeightDecaySpec, count: int, extra) -> float:
+    return evaluate(spec.lr, count, extra) / spec.base if spec.base else 1.0
+
+
+def _prescale(params: list[torch.Tensor], factor: float) -> None:
+    if factor != 1.0:
+        torch._foreach_mul_(params, factor)
+
+
+def _adam(core, columns, lr, wd, decoupled, kind, grad_scale, device) -> None:
+    spec = core.spec
+    params, grads, mu, nu = columns[:4]
+    nu_max = columns[4] if spec.amsgrad else []
+    weight_decay = wd
+    if kind == "decoupled" and decoupled:
+        if lr != 0.0:  # AdamW's decay is lr * wd: fold the decoupled factor into it
+            weight_decay = decoupled / lr
+        else:
+            _prescale(params, 1.0 - decoupled)
+    kernel = torch._fused_adam_ if kind in ("", "l2") else torch._fused_adamw_
+    step = torch.full((), float(core.state.count + 1), device=device)
+    kernel(
+        params,
+        grads,
+        mu,
+        nu,
+        nu_max,
+        [step] * len(params),
+        lr=lr,
+        beta1=spec.b1,
+        beta2=spec.b2,
+        weight_decay=weight_decay,
+        eps=spec.eps,
+        amsgrad=spec.amsgrad,
+        maximize=False,
+        grad_scale=grad_scale,
+    )
+
+
+def _sgd(core, columns, lr, wd, decoupled, kind, grad_scale) -> None:
+    params, grads = columns[:2]
+    buffers = columns[2] if core is not None else []
+    if kind == "coupled":  # after the momentum, times the lr: a multiplicative decay
+        _prescale(params, 1.0 - lr * wd)
+        wd = 0.0
+    elif kind == "decoupled":
+        _prescale(params, 1.0 - decoupled)
+    spec = core.spec if core is not None else MomentumSpec(0.0, False, 0.0)
+    torch._fused_sgd_(
+        params,
+        grads,
+        buffers,
+        weight_decay=wd if kind == "l2" else 0.0,
+        momentum=spec.decay,
+        lr=lr,
+        dampening=spec.dampening,
+        nesterov=spec.nesterov,
+        maximize=False,
+        is_first_step=core is None or core.state.count == 0,
+        grad_scale=grad_scale,
+    )
+
+
+def _lion(spec: LionSpec, columns, lr, wd, decoupled, kind, clip_factor) -> None:
+    params, grads, mu = columns
+    if clip_factor is not None:  # no kernel to hand a gradient scale to: clip as the chain does
+        torch._foreach_mul_(grads, clip_factor)
+    if kind == "l2" and wd:
+        torch._foreach_add_(grads, params, alpha=wd)
+    direction = torch._foreach_lerp(mu, grads, 1.0 - spec.b1)
+    torch._foreach_sign_(direction)
+    torch._foreach_lerp_(mu, grads, 1.0 - spec.b2)
+    if kind == "coupled":
+        _prescale(params, 1.0 - lr * wd)
+    elif kind == "decoupled":
+        _prescale(params, 1.0 - decoupled)
+    torch._foreach_add_(params, direction, alpha=-lr)

@@ -1,0 +1,227 @@
+"""The fused executor: every documented composition keeps the fast path (structural, by counting
+the kernels that run), and gives the reference foreach path's results (hypothesis)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import functrain
+from functrain import optim, schedules
+from functrain.time import Timestamp
+from functrain.tree import tree_allclose, tree_clone, tree_flatten
+
+COSINE = 1e-2 * schedules.cosine_annealing_with_warmup("2ba", t_max="20ba")
+
+# name -> (optimizer factory, the kernel its update must run). The documented combinations: the
+# optimizers' docstrings, the package docstring, the README.
+DOCUMENTED = {
+    "adamw": (lambda: optim.adamw(1e-2), "_fused_adamw_"),
+    "adam": (lambda: optim.adam(1e-2, weight_decay=0.1), "_fused_adam_"),
+    "amsgrad": (lambda: optim.adamw(1e-2, amsgrad=True), "_fused_adamw_"),
+    "chain(clip, adamw)": (
+        lambda: optim.chain(optim.clip_by_global_norm(1.0), optim.adamw(1e-3)),
+        "_fused_adamw_",
+    ),
+    "chain(clip, adamw masked, cosine)": (
+        lambda: optim.chain(
+            optim.clip_by_global_norm(1.0),
+            optim.adamw(COSINE, weight_decay=0.1, weight_decay_mask=optim.no_decay_mask),
+        ),
+        "_fused_adamw_",
+    ),
+    "inject_hyperparams(adamw)": (
+        lambda: optim.inject_hyperparams(optim.adamw)(lr=COSINE, weight_decay=0.05),
+        "_fused_adamw_",
+    ),
+    "decoupled_adamw": (lambda: optim.decoupled_adamw(COSINE, weight_decay=1e-2), "_fused_adamw_"),
+    "inject_hyperparams(decoupled_adamw)": (
+        lambda: optim.inject_hyperparams(optim.decoupled_adamw)(lr=COSINE, weight_decay=1e-2),
+        "_fused_adamw_",
+    ),
+    "sgd": (lambda: optim.sgd(0.1), "_fused_sgd_"),
+    "sgd momentum": (
+        lambda: optim.sgd(
+            0.1, momentum=0.9, weight_decay=5e-4, weight_decay_mask=optim.no_decay_mask
+        ),
+        "_fused_sgd_",
+    ),
+    "sgd nesterov, clipped": (
+        lambda: optim.chain(
+            optim.clip_by_global_norm(1.0), optim.sgd(COSINE, momentum=0.9, nesterov=True)
+        ),
+        "_fused_sgd_",
+    ),
+    "decoupled_sgdw": (
+        lambda: optim.decoupled_sgdw(0.1, momentum=0.9, weight_decay=1e-5),
+        "_fused_sgd_",
+    ),
+    "lion": (lambda: optim.lion(1e-4, weight_decay=1.0), "_foreach_sign_"),
+    "masked(adamw)": (
+        lambda: optim.masked(optim.adamw(1e-3), lambda p: {k: k.startswith("2.") for k in p}),
+        "_fused_adamw_",
+    ),
+}
+
+# The foreach math of the reference path: none of it may run on the fast path (Lion has no torch
+# kernel, so its five in-place passes are its fast path).
+REFERENCE_MATH = {
+    "_foreach_lerp",
+    "_foreach_lerp_",
+    "_foreach_addcmul_",
+    "_foreach_addcdiv_",
+    "_foreach_sqrt",
+    "_foreach_div",
+    "_foreach_div_",
+    "_foreach_mul",
+    "_foreach_add",
+    "_foreach_maximum",
+}
+FUSED_KERNELS = {"_fused_adam_", "_fused_adamw_", "_fused_sgd_"}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten op that runs under it, by its overload packet's name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def batches(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_documented_combination_has_a_fused_plan(name):
+    make, kernel = DOCUMENTED[name]
+    params = dict(make_model().named_parameters())
+    plan = optim.fused_plan(make(), params)
+    assert plan is not None, optim.why_not_fused(make(), params)
+    assert plan.kernel == kernel or (kernel == "_foreach_sign_" and plan.kernel.startswith("lion"))
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["pure", "donated"])
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_documented_combination_runs_the_fused_kernel_inside_the_step(name, donate):
+    make, kernel = DOCUMENTED[name]
+    opt, model = make(), make_model()
+    step = functrain.make_step(model, loss_fn, opt, donate=donate)
+    state = functrain.init(model, opt, seed=0)
+    for batch in batches(2):  # the second step is the steady state (buffers recycled)
+        with OpCounter() as counter:
+            state, _ = step(state, batch)
+    ops = counter.ops
+    assert ops[kernel] >= 1, f"{name}: {kernel} did not run; ops: {dict(ops)}"
+    if kernel in FUSED_KERNELS:
+        assert not (REFERENCE_MATH & set(ops)), f"{name} ran the reference math: {dict(ops)}"
+    assert ops[kernel] <= 2  # one call per parameter group (decayed or not)
+
+
+def test_a_composition_without_a_fused_form_says_why_and_falls_back_untouched():
+    opt = optim.chain(optim.clip_by_value(0.5), optim.adamw(1e-2))
+    params = dict(make_model().named_parameters())
+    assert optim.fused_plan(opt, params) is None
+    assert "spec" in optim.why_not_fused(opt, params)
+    plain = {k: v.detach().clone() for k, v in params.items()}
+    state = opt.init(plain)
+    before = tree_clone((plain, state))
+    grads = {k: torch.ones_like(v) for k, v in plain.items()}
+    assert optim.fused_update(opt, grads, state, plain) is None
+    assert tree_allclose((plain, state), before, atol=0)
+
+
+def test_the_plan_names_its_groups_and_folded_clip():
+    opt, _ = DOCUMENTED["chain(clip, adamw masked, cosine)"]
+    params = dict(make_model().named_parameters())
+    plan = optim.fused_plan(opt(), params)
+    assert (plan.groups, plan.decayed, plan.tensors, plan.clip) == (2, 2, 4, True)
+    assert (
+        str(plan) == "_fused_adamw_ x2 groups (decay on 2 of 4 tensors), global-norm clip folded in"
+    )
+
+
+# -- equal to the reference path, for every composition -----------------------------------------
+
+
+@st.composite
+def compositions(draw):
+    """A random optimizer in the recognised form: family, decay and mask, schedule, clip,
+    inject_hyperparams, a masked optimizer on top."""
+    family = draw(
+        st.sampled_from(["adam", "adamw", "decoupled_adamw", "sgd", "decoupled_sgdw", "lion"])
+    )
+    wd = draw(st.sampled_from([0.0, 0.05]))
+    mask = optim.no_decay_mask if draw(st.booleans()) else None
+    scheduled = draw(st.booleans())
+    lr = {"lion": 1e-3, "sgd": 0.1, "decoupled_sgdw": 0.1}.get(family, 1e-2)
+    lr_value = lr * schedules.linear_with_warmup("2ba", t_max="10ba") if scheduled else lr
+    kwargs = {"weight_decay": wd, "weight_decay_mask": mask}
+    if family in ("sgd", "decoupled_sgdw"):
+        momentum = draw(st.sampled_from([0.0, 0.9]))
+        kwargs["momentum"] = momentum
+        kwargs["nesterov"] = momentum > 0 and draw(st.booleans())
+        if not kwargs["nesterov"] and momentum:
+            kwargs["dampening"] = draw(st.sampled_from([0.0, 0.1]))
+    if family == "adam" or family == "adamw":
+        kwargs["amsgrad"] = draw(st.booleans())
+    factory = getattr(optim, family)
+    if draw(st.booleans()):  # the hyperparameters in the state
+        opt = optim.inject_hyperparams(factory)(lr=lr_value, **kwargs)
+    else:
+        opt = factory(lr_value, **kwargs)
+    if draw(st.booleans()):
+        opt = optim.chain(optim.clip_by_global_norm(draw(st.sampled_from([0.1, 100.0]))), opt)
+    if draw(st.booleans()):
+        opt = optim.masked(opt, lambda p: {k: not k.endswith("bias") or "2" in k for k in p})
+    return opt
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    opt=compositions(),
+    seed=st.integers(0, 2**31 - 1),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_fused_update_equals_the_reference_update(random_tree, opt, seed, dtype):
+    params = random_tree(seed, dtype=dtype)
+    assert optim.fused_plan(opt, params) is not None, optim.why_not_fused(opt, params)
+    ref_params, ref_state = tree_clone(params), opt.init(params)
+    fused_params, fused_state = tree_clone(params), opt.init(params)
+    for i in range(4):
+        grads = {k: 3 * v for k, v in random_tree(seed + i + 1, dtype=dtype).items()}
+        time = Timestamp(batch=i)
+        updates, ref_state = opt.update(tree_clone(grads), ref_state, ref_params, time=time)
+        ref_params = optim.apply_updates(ref_params, updates)
+        fused_state = optim.fused_update(
+            opt, tree_clone(grads), fused_state, fused_params, time=time
+        )
+        assert fused_state is not None
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert tree_allclose(fused_params, ref_params, atol=tol, rtol=tol)
+    assert tree_flatten(fused_state)[1] == tree_flatten(ref_state)[1]  # the same structure
+    assert tree_allclose(fused_state, ref_state, atol=tol, rtol=tol)
