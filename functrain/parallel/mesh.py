@@ -17,14 +17,16 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import datetime
+import importlib
 import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .. import teardown
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 DP_DIMS = ("dp_replicate", "dp_shard")
@@ -67,6 +69,11 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tu
         )
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # Imported first on purpose: imported after the default group exists, this module captures
+    # it in default arguments, and a group that cannot be freed keeps its gloo threads alive
+    # into interpreter exit (see functrain/teardown.py).
+    importlib.import_module("torch.distributed.nn.functional")
+
     if present:
         store, rank, world = _attempt_store(timeout)
         dist.init_process_group(
@@ -75,7 +82,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tu
     else:
         store = dist.HashStore()  # one process: nothing to rendezvous with
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
-    atexit.register(shutdown)  # torchrun aborts a rank that exits with a live process group
+    # At exit functrain.teardown destroys the groups and joins gloo's threads (a rank that
+    # exits with them alive can abort); this module's cached groups must be forgotten first.
+    teardown.on_exit(_forget_groups)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -97,12 +106,20 @@ def _attempt_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
 
 
 def shutdown() -> None:
-    """Destroy the process group (safe to call twice). Registered at exit by `init_distributed`."""
+    """Destroy the process groups and stop their threads (safe to call twice).
+
+    Never needed at the end of a script: `functrain.teardown` does it at exit, in an order that
+    cannot abort. Call it to release the groups earlier.
+    """
+    _forget_groups()
+    teardown.shutdown()
+
+
+def _forget_groups() -> None:
+    """Drop this module's references to meshes and groups (a referenced group is never freed)."""
     global _current_mesh
     _current_mesh = None
     _dp_groups.clear()
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _resolve_sizes(world: int, dp_replicate: int, dp_shard: int, tp: int) -> tuple[int, int, int]:
