@@ -41,25 +41,38 @@ def default_device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tuple[int, int]:
+def init_distributed(
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    *,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> tuple[int, int]:
     """Initialise the default process group once; return `(rank, world_size)`.
 
     Reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK). With
     none of it set, makes a one-process world in memory (no ports, no files), so the same script
-    runs with `python train.py` and with `python -m functrain.launch -n 4 train.py`.
+    runs with `python train.py` and with `python -m functrain.launch -n 4 train.py`. Processes
+    started another way (`torch.multiprocessing.spawn`) pass `init_method` with their rank.
+    Either way the groups and their threads are torn down at exit (`functrain.teardown`).
 
     Args:
         backend: "gloo", "nccl", ... (None: nccl for CUDA with gloo for CPU tensors, else gloo).
         timeout_s: how long a collective may wait for the other ranks before failing.
+        init_method: a rendezvous URL such as "file:///tmp/store" (then `rank`, `world_size`).
+        rank, world_size: this process's rank and the number of ranks, with `init_method`.
     Returns:
         `(rank, world_size)` of this process.
+    Example:
+        >>> init_distributed(init_method=f"file://{path}", rank=rank, world_size=2)  # in spawn
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if backend is None:
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
-    present = [v for v in _TORCHRUN_VARS if v in os.environ]
+    present = [v for v in _TORCHRUN_VARS if v in os.environ] if init_method is None else []
     if present and len(present) < len(_TORCHRUN_VARS):
         missing = [v for v in _TORCHRUN_VARS if v not in os.environ]
         raise RuntimeError(
@@ -74,7 +87,13 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tu
     # into interpreter exit (see functrain/teardown.py).
     importlib.import_module("torch.distributed.nn.functional")
 
-    if present:
+    if init_method is not None:
+        if rank is None or world_size is None:
+            raise ValueError("init_distributed(init_method=...) needs rank= and world_size=")
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        )
+    elif present:
         store, rank, world = _attempt_store(timeout)
         dist.init_process_group(
             backend=backend, store=store, rank=rank, world_size=world, timeout=timeout
