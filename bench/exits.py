@@ -21,7 +21,7 @@ Ranks start in one of two ways:
 
 Presets:
     --short   30 fork runs of 2-rank `fit` (CI, `.ci/run`)
-    --long    the note's form: 200 runs of 2-rank `fsdp_ckpt` plus 3-rank `fit` runs
+    --long    the note's form: 200 runs of 2-rank `fsdp_ckpt` and 50 of 3-rank `fit`
 
 Example:
     python -m bench exits --short
@@ -41,12 +41,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from bench.exit_worker import EXIT_CHECK, WORKLOADS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+OUTCOMES = ("ok", "abort", "at-risk", "hang", "failed")
 _ABORT_MARKERS = ("terminate called", "Fatal Python error: Aborted", "SIGABRT", "Signal 6")
 
 
@@ -184,7 +185,8 @@ def _launch_run(series: Series, directory: str, timeout: float, teardown: bool) 
 
 
 def run_series(series: Series, timeout: float, teardown: bool, keep: str | None) -> Counter:
-    """Run `series`; print one line per unclean run (and its output's tail); the counts."""
+    """Run `series`; print one line per unclean run (and its output's tail); the counts
+    (plus `seconds`)."""
     counts: Counter = Counter()
     start = time.perf_counter()
     for index in range(series.runs):
@@ -203,13 +205,13 @@ def run_series(series: Series, timeout: float, teardown: bool, keep: str | None)
                 with open(os.path.join(keep, f"{series.workload}_{index}.log"), "w") as f:
                     f.write(text)
     seconds = time.perf_counter() - start
-    summary = ", ".join(f"{k} {counts[k]}" for k in ("ok", "abort", "at-risk", "hang", "failed"))
+    summary = ", ".join(f"{k} {counts[k]}" for k in OUTCOMES)
     print(
         f"{series.runs} x {series.workload} on {series.ranks} ranks via {series.via}: "
         f"{summary} ({seconds:.0f} s)",
         flush=True,
     )
-    return counts
+    return Counter({**counts, "seconds": round(seconds)})
 
 
 _PARENT = os.getpid()
@@ -220,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     preset = parser.add_mutually_exclusive_group()
     preset.add_argument("--short", action="store_true", help="CI: 30 fork runs of 2-rank fit")
-    preset.add_argument("--long", action="store_true", help="200 fsdp_ckpt + 3-rank fit runs")
+    preset.add_argument("--long", action="store_true", help="200 fsdp_ckpt + 50 3-rank fit runs")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--workload", choices=WORKLOADS, default="fit")
@@ -228,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a hang")
     parser.add_argument("--no-teardown", action="store_true", help="unregister the exit hook")
     parser.add_argument("--keep-logs", default=None, help="a folder for unclean runs' output")
+    parser.add_argument(
+        "--out", default=None, help="JSON report (default bench/results/exits.json; none: --short)"
+    )
     return parser
 
 
@@ -236,12 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     global _PARENT
     _PARENT = os.getpid()
     args = build_parser().parse_args(argv)
+    argv = list(sys.argv[2:] if argv is None else argv)
     if args.short:
         plan = [Series("fit", 2, 30, "fork")]
     elif args.long:
         plan = [
             Series("fsdp_ckpt", 2, 200, args.via),
-            Series("fit", 3, max(args.runs, 30), args.via),
+            Series("fit", 3, 50, args.via),
         ]
     else:
         plan = [Series(args.workload, args.ranks, args.runs, args.via)]
@@ -249,8 +255,21 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.keep_logs, exist_ok=True)
     if any(series.via == "fork" for series in plan):
         _preload()
-    total: Counter = Counter()
+    results = []
     for series in plan:
-        total += run_series(series, args.timeout, not args.no_teardown, args.keep_logs)
-    unclean = sum(v for k, v in total.items() if k != "ok")
-    return 1 if unclean else 0
+        counts = run_series(series, args.timeout, not args.no_teardown, args.keep_logs)
+        results.append({**asdict(series), **{k: counts[k] for k in (*OUTCOMES, "seconds")}})
+    _report(results, args, argv)
+    return 1 if any(r[k] for r in results for k in OUTCOMES if k != "ok") else 0
+
+
+def _report(results: list[dict], args: argparse.Namespace, argv: list[str] | None) -> None:
+    """Print the table; write the JSON report (not for --short unless --out is given)."""
+    from bench.common import RESULTS_DIR, markdown_table, new_report, write_json
+
+    columns = ("workload", "ranks", "via", "runs", *OUTCOMES, "seconds")
+    print(markdown_table(columns, [[r[c] for c in columns] for r in results]))
+    out = args.out or (None if args.short else os.path.join(RESULTS_DIR, "exits.json"))
+    if out:
+        report = new_report("exits", argv, teardown=not args.no_teardown, series=results)
+        print(f"wrote {write_json(out, report)}")
