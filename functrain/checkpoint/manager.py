@@ -187,9 +187,10 @@ class Manager:
         self._last_index: int | None = None
         self._collected = False  # stale directories of interrupted saves removed
         self._closed = False
-        if self._executor is not None or self._own_group:
-            # A manager still open at exit is closed by functrain's teardown (held weakly),
-            # before the process groups are destroyed: its thread and group must go first.
+        if self._own_group:
+            # Closed by functrain's teardown (held weakly) before the process groups are
+            # destroyed: the save in flight needs its group, and a group still referenced is
+            # never freed (its gloo threads would live into interpreter exit).
             teardown.on_exit(self.close)
 
     @staticmethod
