@@ -209,13 +209,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(opts, stop: _Stop, failures: dict | None, records: dict) -> int:
     """Print the launcher's last line (if any) and return its exit code."""
-    nproc = _local_ranks(opts, records)
+    ranks = status.node_ranks(records, _local_ranks(opts, records), opts.node_rank)
     caught = sorted({s for r in records.values() for s in r.signals})
     if stop.reason is None and caught and (failures is None or _all_stops(failures, records)):
         stop.reason = " and ".join(caught) + " (sent to the ranks)"
     if stop.reason is not None and (failures is None or _all_stops(failures, records)):
         note = "a second Ctrl-C" if stop.aborted else ""
-        status.print_line(status.stop_line(stop.reason, records, nproc, stop.since, note))
+        where = "" if opts.nnodes in ("1", "1:1") else " on this node"
+        line = status.stop_line(stop.reason, records, ranks, stop.since, note, where)
+        status.print_line(line)
         own = [f.exitcode for f in (failures or {}).values() if f.exitcode > 0]
         return own[0] if own else 130 if "SIGINT" in stop.reason else 143
     if failures:

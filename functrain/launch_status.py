@@ -3,7 +3,7 @@
 Under the launcher each rank leaves two small JSON records in a folder the launcher names
 (`FUNCTRAIN_LAUNCH_STATUS`; nothing is written outside a launch):
 
-- `rank<R>.checkpoint.json`: the newest checkpoint a `functrain.checkpoint.Manager` of that rank
+- `rank<R>.checkpoint.json` (R: the global rank): the newest checkpoint a `functrain.checkpoint.Manager` of that rank
   committed (step, URL, time), rewritten at each commit;
 - `rank<R>.exit.json`: written by the worker wrapper when the script ends: its exit code and the
   stop signals (SIGTERM, SIGINT) the process received while a Python handler (fit's) caught them.
@@ -119,8 +119,10 @@ def write_exit_record(code: int, signals: list[str]) -> None:
     """Tell the launcher (if any) that this rank's script ended with `code`."""
     path = _record_path("exit")
     if path is not None:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        record = {"code": int(code), "signals": signals, "local_rank": local, "time": time.time()}
         try:
-            _write_json(path, {"code": int(code), "signals": signals, "time": time.time()})
+            _write_json(path, record)
         except OSError:
             pass
 
@@ -243,19 +245,36 @@ def failure_line(failures: dict, rank: int) -> str:
     )
 
 
+def node_ranks(records: dict[int, RankRecord], nproc: int, node_rank: int) -> list[int]:
+    """The global ranks of this node's `nproc` processes: as the ranks recorded them, else
+    torchrun's static assignment (`node_rank * nproc + local_rank`)."""
+    by_local = {
+        r.exit["local_rank"]: rank
+        for rank, r in records.items()
+        if r.exit is not None and isinstance(r.exit.get("local_rank"), int)
+    }
+    return sorted(by_local.get(local, node_rank * nproc + local) for local in range(nproc))
+
+
 def stop_line(
-    reason: str, records: dict[int, RankRecord], nproc: int, since: float | None, note: str = ""
+    reason: str,
+    records: dict[int, RankRecord],
+    ranks: list[int],
+    since: float | None,
+    note: str = "",
+    where: str = "",
 ) -> str:
     """The launcher's line after a stop (SIGTERM, Ctrl-C), from what the ranks recorded.
 
     Args:
         reason: what stopped the run, e.g. "SIGTERM" or "Ctrl-C (SIGINT)".
-        records: the ranks' records.
-        nproc: the number of ranks on this node.
+        records: the ranks' records, by global rank.
+        ranks: this node's global ranks (`node_ranks`).
         since: when the stop was asked (checkpoints committed after it count as the stop's own).
         note: why ranks were killed, when they were ("a second Ctrl-C").
+        where: said after "all N ranks" (" on this node" for one node of several).
     """
-    ranks = range(nproc)
+    nproc = len(ranks)
     killed = [r for r in ranks if records.get(r, RankRecord(r)).exit is None]
     steps = {
         r: records[r].checkpoint.get("step")
@@ -263,7 +282,7 @@ def stop_line(
         if r in records and records[r].checkpoint is not None
     }
     times = [records[r].checkpoint.get("time", 0) for r in steps]
-    who = f"all {nproc} ranks" if nproc > 1 else "the rank"
+    who = (f"all {nproc} ranks" if nproc > 1 else "the rank") + where
     if killed:
         how = note or "they did not stop within the stop timeout"
         line = f"ranks {killed} were killed ({how})"

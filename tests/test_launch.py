@@ -86,33 +86,43 @@ def test_the_earliest_of_two_real_failures_is_named():
 
 def test_stop_line_says_where_every_rank_checkpointed():
     records = {r: _record(r, 0, ["SIGTERM"], step=7, when=60.0) for r in (0, 1)}
-    line = status.stop_line("SIGTERM", records, 2, since=55.0)
+    line = status.stop_line("SIGTERM", records, [0, 1], since=55.0)
     assert line == (
         "functrain.launch: stopped by SIGTERM; all 2 ranks checkpointed at step 7 and exited."
     )
     # A checkpoint older than the stop is not claimed as the stop's own.
-    older = status.stop_line("SIGTERM", records, 2, since=65.0)
+    older = status.stop_line("SIGTERM", records, [0, 1], since=65.0)
     assert "exited; their newest checkpoint is step 7" in older
-    none = status.stop_line("SIGTERM", {r: _record(r) for r in (0, 1)}, 2, since=1.0)
+    none = status.stop_line("SIGTERM", {r: _record(r) for r in (0, 1)}, [0, 1], since=1.0)
     assert none.endswith("all 2 ranks exited (no functrain checkpoint was written).")
 
 
 def test_stop_line_names_ranks_that_were_killed():
     records = {0: _record(0, 0, ["SIGTERM"], step=3), 1: _record(1, None)}
-    line = status.stop_line("Ctrl-C (SIGINT)", records, 2, since=1.0, note="a second Ctrl-C")
+    line = status.stop_line("Ctrl-C (SIGINT)", records, [0, 1], since=1.0, note="a second Ctrl-C")
     assert "ranks [1] were killed (a second Ctrl-C); ranks [0] exited" in line
+
+
+def test_the_second_node_names_its_own_global_ranks():
+    records = {8: _record(8, 0, ["SIGTERM"], step=5, when=9.0)}
+    records[8].exit["local_rank"] = 0
+    ranks = status.node_ranks(records, nproc=2, node_rank=4)  # rank 9 left no record
+    assert ranks == [8, 9]
+    line = status.stop_line("SIGTERM", records, ranks, since=1.0)
+    assert "ranks [9] were killed" in line and "ranks [8] exited" in line
 
 
 def test_records_round_trip_through_the_status_folder(tmp_path, monkeypatch):
     monkeypatch.setenv(status.STATUS_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
     status.record_checkpoint(4, "file:///x/step_4")
     status.write_exit_record(0, ["SIGTERM"])
     (tmp_path / "rank9.exit.json").write_text("{not json")  # a damaged record is skipped
     records = status.read_records(str(tmp_path))
     assert list(records) == [3]
     assert records[3].checkpoint["step"] == 4 and records[3].exit["code"] == 0
-    assert records[3].signals == ["SIGTERM"]
+    assert records[3].signals == ["SIGTERM"] and records[3].exit["local_rank"] == 1
 
 
 def test_signal_log_sees_a_signal_that_another_handler_caught():
