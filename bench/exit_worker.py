@@ -32,10 +32,10 @@ def arrange_exit_check(teardown: bool = True) -> None:
         alive = functrain.teardown.gloo_worker_threads()
         print(f"{EXIT_CHECK} {'unknown' if alive is None else len(alive)}", flush=True)
 
-    atexit.unregister(functrain.teardown.shutdown)
+    atexit.unregister(functrain.teardown.exit_hook)
     atexit.register(check)  # atexit runs last-registered first: the check runs after teardown
     if teardown:
-        atexit.register(functrain.teardown.shutdown)
+        atexit.register(functrain.teardown.exit_hook)
 
 
 def run(workload: str, directory: str) -> None:

@@ -13,8 +13,8 @@ functrain's own caches and checkpoint managers, and `torch.distributed.nn.functi
 default arguments capture the default group when that module is first imported after
 `init_process_group` (DTensor's constructor imports it through `torch._dynamo`).
 
-`shutdown()` (run at exit by a hook that importing this module installs; safe to call early and
-twice) therefore, in this order:
+`shutdown()` (run at exit by `exit_hook`, which importing this module registers with atexit; safe
+to call early and twice) therefore, in this order:
 
 1. runs the exit callbacks functrain registered (`on_exit`: checkpoint managers wait for the save
    in flight, stop their writer thread and destroy their own group; the mesh module forgets its
@@ -26,7 +26,7 @@ twice) therefore, in this order:
 4. if gloo workers still live (a group the user still holds), waits with the GIL released until
    they are idle (bounded), so none is mid-release when finalization starts.
 
-A watchdog bounds the whole: if teardown is still waiting after `FUNCTRAIN_EXIT_TIMEOUT` seconds
+At exit a watchdog bounds the whole: if teardown is still waiting after `FUNCTRAIN_EXIT_TIMEOUT` seconds
 (default 60; e.g. a collective left in flight with a peer that vanished), it prints one line saying
 what it waited for and ends the process with the run's exit code (1 when unknown).
 
@@ -47,7 +47,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-__all__ = ["gloo_worker_threads", "on_exit", "set_exit_code", "shutdown"]
+__all__ = ["exit_hook", "gloo_worker_threads", "on_exit", "set_exit_code", "shutdown"]
 
 # torch names each gloo worker thread so (c10::setThreadName in ProcessGroupGloo).
 _GLOO_WORKER_NAME = "pt_gloo_runloop"
@@ -104,11 +104,19 @@ def gloo_worker_threads() -> list[int] | None:
 def shutdown() -> None:
     """Tear down what the run made (see the module docstring); safe to call twice.
 
-    Called at exit automatically; call it yourself to release the process groups earlier.
+    Runs at exit by itself (`exit_hook`); call it to release the process groups earlier.
     """
+    _teardown(_Watchdog(None))
+
+
+def exit_hook() -> None:
+    """What atexit runs: `shutdown()` under the watchdog (`FUNCTRAIN_EXIT_TIMEOUT`)."""
+    _teardown(_Watchdog(_exit_timeout()))
+
+
+def _teardown(watchdog: _Watchdog) -> None:
     if not _callbacks and not _distributed_initialized() and not gloo_worker_threads():
         return  # a one-process run that made nothing: nothing to wait for
-    watchdog = _Watchdog(_exit_timeout())
     watchdog.start()
     try:
         watchdog.doing("closing checkpoint managers and other exit callbacks")
@@ -236,9 +244,10 @@ def _exit_timeout() -> float:
 
 
 class _Watchdog:
-    """Ends the process if teardown takes longer than `timeout_s` (a peer that vanished)."""
+    """Ends the process if teardown takes longer than `timeout_s` (a peer that vanished);
+    with `timeout_s=None` (an explicit `shutdown()` mid-run) it only keeps the phase's name."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float | None):
         self.timeout_s = timeout_s
         self.what = "starting"
         self._done = threading.Event()
@@ -247,14 +256,16 @@ class _Watchdog:
         )
 
     def start(self) -> None:
-        self._thread.start()
+        if self.timeout_s is not None:
+            self._thread.start()
 
     def doing(self, what: str) -> None:
         self.what = what
 
     def stop(self) -> None:
         self._done.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _watch(self) -> None:
         if self._done.wait(self.timeout_s):
@@ -284,4 +295,4 @@ def _name(callback) -> str:
     return f"{type(owner).__name__}.{callback.__name__}" if owner is not None else name
 
 
-atexit.register(shutdown)
+atexit.register(exit_hook)
