@@ -6,7 +6,8 @@ and a worker drops its last reference to a finished collective *after* waking th
 it releases the tensors, which needs the GIL. When the main thread has already reached interpreter
 finalization, taking the GIL ends the worker with `pthread_exit`, whose unwinding meets a
 `noexcept` destructor: `terminate called without an active exception`, SIGABRT, exit -6 — about
-one run in three with a plain `init_process_group` + `all_reduce` and no `destroy_process_group`.
+one run in four with a plain `init_process_group` + `all_reduce` and no `destroy_process_group`
+(on an idle machine; less often on a busy one).
 Destroying a group joins its workers (its destructor releases the GIL), but only once nothing
 holds the group any more, and several things do: every `DeviceMesh` (its `_pg_registry`),
 functrain's own caches and checkpoint managers, and `torch.distributed.nn.functional`, whose
@@ -26,9 +27,9 @@ to call early and twice) therefore, in this order:
 4. if gloo workers still live (a group the user still holds), waits with the GIL released until
    they are idle (bounded), so none is mid-release when finalization starts.
 
-At exit a watchdog bounds the whole: if teardown is still waiting after `FUNCTRAIN_EXIT_TIMEOUT` seconds
-(default 60; e.g. a collective left in flight with a peer that vanished), it prints one line saying
-what it waited for and ends the process with the run's exit code (1 when unknown).
+At exit a watchdog bounds the whole: if teardown is still waiting after `FUNCTRAIN_EXIT_TIMEOUT`
+seconds (default 60; e.g. a collective left in flight with a peer that vanished), it prints one
+line saying what it waited for and ends the process with the run's exit code (1 when unknown).
 
 Example:
     >>> import functrain.parallel as fdist
