@@ -71,6 +71,8 @@ def classify(codes: list[int | None], text: str) -> str:
     if not all(code == 0 for code in codes):
         return "failed"
     counts = [line.rsplit(":", 1)[1].strip() for line in text.splitlines() if EXIT_CHECK in line]
+    if not counts:
+        return "failed"  # the exit check never ran: nothing was verified
     return "at-risk" if any(c != "0" for c in counts) else "ok"
 
 
