@@ -8,6 +8,7 @@ Suites:
     time_to_accuracy  speedup algorithms, time to a target accuracy (bench/time_to_accuracy.py)
     update            the ways to run a pure AdamW update, side by side (bench/update_paths.py)
     gpu_check         what only a CUDA GPU shows, one table (bench/gpu_check.py; skips on CPU)
+    exits             many short multi-rank runs: aborts and hangs at exit (bench/exits.py)
     all               every suite above with its defaults, one after the other
 
 Each suite prints a table and writes JSON under bench/results/. Suites are imported only when run,
@@ -35,6 +36,7 @@ SUITES = {
     "time_to_accuracy": ("bench.time_to_accuracy", "main"),
     "gpu_check": ("bench.gpu_check", "main"),
     "update": ("bench.update_paths", "main"),
+    "exits": ("bench.exits", "main"),
 }
 
 

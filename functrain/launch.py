@@ -2,7 +2,8 @@
 
 Runs N copies of a script (or `-m module`) with torchrun's rendezvous, restarts and multi-node
 flags, prefixes every output line with its rank, and when one rank fails stops all of them and ends
-with one line naming the rank and its error. A script written for one process runs unchanged:
+with one line naming the rank that failed first and its error (a rank stopped because of it is
+never the one named). A script written for one process runs unchanged:
 `functrain.parallel.init_mesh()` reads the environment torchrun sets.
 
     python -m functrain.launch -n 4 train.py --lr 3e-4
@@ -11,9 +12,19 @@ with one line naming the rank and its error. A script written for one process ru
     python -m functrain.launch -n 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 \\
         --master-port 29500 train.py
 
+Stopping (docs/events.md): SIGTERM to the launcher, or a first Ctrl-C, sends SIGTERM to every
+rank, which `fit` understands as "finish the step, checkpoint, return"; the launcher waits up to
+`--stop-timeout` seconds, then ends with one line such as `functrain.launch: stopped by SIGTERM;
+all 2 ranks checkpointed at step 7 and exited.` A second Ctrl-C kills every rank at once.
+
+Exit codes: 0 when every rank finished; the first failed rank's code (128 + N when it died of
+signal N) after a failure; 143 (128 + SIGTERM) after a stop by SIGTERM, 130 (128 + SIGINT) after
+Ctrl-C — unless the stopped ranks exited with a nonzero code of their own, which is kept.
+
 Each rank runs inside a small wrapper (this module's `--worker` mode) that records an uncaught
-exception for torchrun (so the launcher can report it) and destroys the process group on the way
-out (a rank that exits with a live group can abort at shutdown).
+exception for torchrun, and the rank's exit code and stop signals for the launcher
+(`functrain.launch_status`); the process groups and their threads are torn down at exit by
+`functrain.teardown`.
 """
 
 from __future__ import annotations
@@ -21,7 +32,13 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shutil
+import signal
 import sys
+import tempfile
+import time
+
+from . import launch_status as status
 
 _PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
@@ -48,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rdzv-id", default=None, help="rendezvous (job) id")
     parser.add_argument("--rdzv-conf", default=None, help="extra rendezvous key=value,...")
     parser.add_argument("--max-restarts", type=int, default=0, help="restarts before failing")
+    parser.add_argument(
+        "--stop-timeout",
+        type=int,
+        default=120,
+        help="seconds the ranks get to checkpoint and exit after SIGTERM or Ctrl-C (then killed)",
+    )
     parser.add_argument("--no-prefix", action="store_true", help="no [rankN] line prefixes")
     parser.add_argument(
         "-m", "--module", action="store_true", help="run TARGET as a module (python -m TARGET)"
@@ -74,6 +97,8 @@ def torchrun_argv(opts: argparse.Namespace) -> list[str]:
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")
     argv.append(f"--max-restarts={opts.max_restarts}")
+    # SIGTERM and SIGINT are the launcher's own (see _Stop); torchrun forwards the others.
+    argv += ["--signals-to-handle=SIGHUP,SIGQUIT", f"--shutdown-timeout={opts.stop_timeout}"]
     if not opts.no_prefix:
         argv.append("--tee=3")  # the agent copies each rank's output, line by line, prefixed
     argv += ["--module", "functrain.launch", "--worker"]
@@ -82,53 +107,68 @@ def torchrun_argv(opts: argparse.Namespace) -> list[str]:
     return argv + [opts.target, *opts.args]
 
 
-# Errors a rank gets because *another* rank died: never the one to report.
-_SECONDARY = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "remote worker",  # gloo: "... remote worker crashing" / "check the logs of the remote worker"
-    "Broken pipe",
-    "NCCL communicator was aborted",
-    "DistNetworkError",
-)
+class _Stop:
+    """The launcher's SIGTERM and SIGINT: the first asks every rank to stop gracefully, a second
+    Ctrl-C kills them at once.
 
-
-def _message(failure) -> str:
-    message = failure.message
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    return str(message or "").strip()
-
-
-def root_failure(failures: dict) -> int:
-    """The rank that failed first for its own reason (not because a peer vanished).
-
-    Args:
-        failures: torchrun's `{rank: ProcessFailure}`.
-    Returns:
-        the rank to report.
+    A graceful stop raises torchrun's `SignalException(SIGTERM)` in the agent, which sends SIGTERM
+    to every rank (`fit` then checkpoints at the step boundary and returns) and waits for them up
+    to `--stop-timeout` seconds. The ranks live in their own sessions, so a terminal's Ctrl-C
+    reaches the launcher only and each rank is asked exactly once.
     """
 
-    def secondary(failure) -> bool:
-        message = _message(failure)
-        if any(s in message for s in _SECONDARY):
-            return True
-        # Killed by the launcher while tearing down, with no error of its own recorded. (A rank
-        # that raised and was then killed keeps its message, so it stays primary.)
-        return failure.exitcode in (-15, -9) and (not message or "To enable traceback" in message)
+    def __init__(self):
+        self.reason: str | None = None
+        self.since: float | None = None
+        self.aborted = False
+        self._old: dict = {}
 
-    primary = {r: f for r, f in failures.items() if not secondary(f)}
-    pool = primary or failures
-    return min(pool, key=lambda r: (pool[r].timestamp, r))
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if self.reason is None:
+            self.reason = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
+            self.since = time.time()
+            status.print_line(
+                f"functrain.launch: {self.reason}: asking every rank to checkpoint at its next "
+                "step boundary and exit"
+                + (" (Ctrl-C again to abort at once)" if signum == signal.SIGINT else "")
+            )
+            raise SignalException(f"stopped by {self.reason}", sigval=signal.SIGTERM)
+        if signum == signal.SIGINT and not self.aborted:
+            self.aborted = True
+            status.print_line("functrain.launch: second Ctrl-C: killing every rank now")
+            _kill_children()
+        # A repeated SIGTERM changes nothing: the ranks are already stopping.
 
 
-def _failure_text(failure) -> str:
-    message = _message(failure)
-    if not message or "To enable traceback" in message:
-        signal = failure.signal_name() if failure.exitcode < 0 else None
-        return f"killed by {signal}" if signal else f"exit code {failure.exitcode}"
-    last = [line for line in message.splitlines() if line.strip()]
-    return last[-1].strip() if last else message
+def _kill_children() -> None:
+    """SIGKILL each child process of the launcher (a rank) and its process group (Linux)."""
+    pids = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+    except OSError:
+        status.print_line("functrain.launch: cannot list the ranks here; they stop at the timeout")
+        return
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # a rank leads its own session (torchrun's Popen)
+        except OSError:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,34 +180,70 @@ def main(argv: list[str] | None = None) -> int:
     if opts.args[:1] == ["--"]:
         opts.args = opts.args[1:]
     if not opts.module and not os.path.exists(opts.target):
-        print(
-            f"functrain.launch: no such script {opts.target!r} (use -m for a module)",
-            file=sys.stderr,
-        )
+        status.print_line(f"functrain.launch: no such script {opts.target!r} (use -m for a module)")
         return 2
     if not opts.no_prefix:
         os.environ.setdefault(_PREFIX_ENV, "[rank${rank}]: ")
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    folder = tempfile.mkdtemp(prefix="functrain-launch-")
+    os.environ[status.STATUS_ENV] = folder
+    stop = _Stop()
+    stop.install()
+    failures = None
     try:
         torchrun.run(torchrun.parse_args(torchrun_argv(opts)))
     except ChildFailedError as error:
-        rank = root_failure(error.failures)
-        failure = error.failures[rank]
-        others = sorted(r for r in error.failures if r != rank)
-        print(
-            f"functrain.launch: rank {rank} failed ({_failure_text(failure)}); all ranks were "
-            f"stopped" + (f" (also failed: ranks {others})" if others else "") + ".",
-            file=sys.stderr,
-        )
-        return failure.exitcode if failure.exitcode > 0 else 1
+        failures = error.failures
+    except SignalException:
+        pass  # a stop (reason set by _Stop), reported below
+    finally:
+        stop.restore()
+        os.environ.pop(status.STATUS_ENV, None)
+        records = status.read_records(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    return _report(opts, stop, failures, records)
+
+
+def _report(opts, stop: _Stop, failures: dict | None, records: dict) -> int:
+    """Print the launcher's last line (if any) and return its exit code."""
+    ranks = status.node_ranks(records, _local_ranks(opts, records), opts.node_rank)
+    caught = sorted({s for r in records.values() for s in r.signals})
+    if stop.reason is None and caught and (failures is None or _all_stops(failures, records)):
+        stop.reason = " and ".join(caught) + " (sent to the ranks)"
+    if stop.reason is not None and (failures is None or _all_stops(failures, records)):
+        note = "a second Ctrl-C" if stop.aborted else ""
+        where = "" if opts.nnodes in ("1", "1:1") else " on this node"
+        line = status.stop_line(stop.reason, records, ranks, stop.since, note, where)
+        status.print_line(line)
+        own = [f.exitcode for f in (failures or {}).values() if f.exitcode > 0]
+        return own[0] if own else 130 if "SIGINT" in stop.reason else 143
+    if failures:
+        rank = status.root_failure(failures, records)
+        rank = min(failures) if rank is None else rank
+        status.print_line(status.failure_line(failures, rank))
+        return status.exit_code_of(failures[rank])
     return 0
+
+
+def _all_stops(failures: dict, records: dict) -> bool:
+    return status.root_failure(failures, records) is None
+
+
+def _local_ranks(opts, records: dict) -> int:
+    try:
+        return int(opts.nproc)
+    except ValueError:  # "gpu"/"cpu"/"auto": count what the ranks recorded
+        return max(len(records), 1)
 
 
 def _worker(argv: list[str]) -> int:
     """One rank: run the script or module as `__main__`, recording an uncaught error."""
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    from . import teardown
 
     as_module = argv[:1] == ["-m"]
     if as_module:
@@ -186,18 +262,24 @@ def _worker(argv: list[str]) -> int:
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
 
+    signals = status.SignalLog()
+    code = 1  # an uncaught exception unless the script returns or exits
     try:
         run()
+        code = 0
+    except SystemExit as exit_:
+        code = _system_exit_code(exit_)
+        raise
     finally:
-        _destroy_process_group()
+        teardown.set_exit_code(code)  # the exit watchdog, if it fires, keeps the run's code
+        status.write_exit_record(code, signals.received())
     return 0
 
 
-def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def _system_exit_code(exit_: SystemExit) -> int:
+    if exit_.code is None:
+        return 0
+    return exit_.code if isinstance(exit_.code, int) else 1
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .. import launch_status, teardown
 from ..time import Time, Timestamp, TimeUnit
 from . import layout, reader, storage, writer
 from .errors import CheckpointError
@@ -186,6 +187,11 @@ class Manager:
         self._last_index: int | None = None
         self._collected = False  # stale directories of interrupted saves removed
         self._closed = False
+        if self._own_group:
+            # Closed by functrain's teardown (held weakly) before the process groups are
+            # destroyed: the save in flight needs its group, and a group still referenced is
+            # never freed (its gloo threads would live into interpreter exit).
+            teardown.on_exit(self.close)
 
     @staticmethod
     def _keep_every(value) -> int | Time | None:
@@ -274,6 +280,7 @@ class Manager:
         )
         if staged.rank == 0:
             self._apply_retention()
+        launch_status.record_checkpoint(staged.step, loc.url)  # for the launcher's last line
 
     def wait(self) -> None:
         """Block until the asynchronous save in flight (if any) is committed.
@@ -421,6 +428,8 @@ class Manager:
                 self._executor.shutdown(wait=True)
             if self._own_group and torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group(self._group)
+            if self._own_group:
+                self._group = None  # a group still referenced is never freed (its threads live)
 
     def _check_open(self) -> None:
         if self._closed:

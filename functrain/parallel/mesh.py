@@ -18,14 +18,16 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import datetime
+import importlib
 import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .. import teardown
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 DP_DIMS = ("dp_replicate", "dp_shard")
@@ -37,25 +39,38 @@ def default_device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tuple[int, int]:
+def init_distributed(
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    *,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> tuple[int, int]:
     """Initialise the default process group once; return `(rank, world_size)`.
 
     Reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK). With
     none of it set, makes a one-process world in memory (no ports, no files), so the same script
-    runs with `python train.py` and with `python -m functrain.launch -n 4 train.py`.
+    runs with `python train.py` and with `python -m functrain.launch -n 4 train.py`. Processes
+    started another way (`torch.multiprocessing.spawn`) pass `init_method` with their rank.
+    Either way the groups and their threads are torn down at exit (`functrain.teardown`).
 
     Args:
         backend: "gloo", "nccl", ... (None: nccl for CUDA with gloo for CPU tensors, else gloo).
         timeout_s: how long a collective may wait for the other ranks before failing.
+        init_method: a rendezvous URL such as "file:///tmp/store" (then `rank`, `world_size`).
+        rank, world_size: this process's rank and the number of ranks, with `init_method`.
     Returns:
         `(rank, world_size)` of this process.
+    Example:
+        >>> init_distributed(init_method=f"file://{path}", rank=rank, world_size=2)  # in spawn
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if backend is None:
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
-    present = [v for v in _TORCHRUN_VARS if v in os.environ]
+    present = [v for v in _TORCHRUN_VARS if v in os.environ] if init_method is None else []
     if present and len(present) < len(_TORCHRUN_VARS):
         missing = [v for v in _TORCHRUN_VARS if v not in os.environ]
         raise RuntimeError(
@@ -65,7 +80,18 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tu
         )
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if present:
+    # Imported first on purpose: imported after the default group exists, this module captures
+    # it in default arguments, and a group that cannot be freed keeps its gloo threads alive
+    # into interpreter exit (see functrain/teardown.py).
+    importlib.import_module("torch.distributed.nn.functional")
+
+    if init_method is not None:
+        if rank is None or world_size is None:
+            raise ValueError("init_distributed(init_method=...) needs rank= and world_size=")
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        )
+    elif present:
         store, rank, world = _attempt_store(timeout)
         dist.init_process_group(
             backend=backend, store=store, rank=rank, world_size=world, timeout=timeout
@@ -73,7 +99,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tu
     else:
         store = dist.HashStore()  # one process: nothing to rendezvous with
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
-    atexit.register(shutdown)  # torchrun aborts a rank that exits with a live process group
+    # At exit functrain.teardown destroys the groups and joins gloo's threads (a rank that
+    # exits with them alive can abort).
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -95,9 +122,13 @@ def _attempt_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
 
 
 def shutdown() -> None:
-    """Destroy the process group (safe to call twice). Registered at exit by `init_distributed`."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process groups and stop their threads (safe to call twice).
+
+    Never needed at the end of a script: `functrain.teardown` does it at exit, in an order that
+    cannot abort. Call it to release the groups earlier. (No module here holds a mesh or a
+    group: they live in the states' layouts, so nothing is left to forget first.)
+    """
+    teardown.shutdown()
 
 
 def _resolve_sizes(world: int, dp_replicate: int, dp_shard: int, tp: int) -> tuple[int, int, int]:

@@ -45,41 +45,42 @@ def _worker(rank, store_file):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+    from functrain.parallel import init_distributed
+
     torch.set_num_threads(1)
-    # A file store needs no port, so parallel test runs on one machine cannot collide.
-    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=WORLD)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        placements = {"rows": [Shard(0)], "cols": [Shard(1)], "bias": [Replicate()]}
+    # A file store needs no port, so parallel test runs on one machine cannot collide. functrain's
+    # init also tears the groups down at exit (a spawned rank that exits with live gloo threads
+    # can abort in interpreter shutdown).
+    init_distributed("gloo", init_method=f"file://{store_file}", rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    placements = {"rows": [Shard(0)], "cols": [Shard(1)], "bias": [Replicate()]}
 
-        def shard(tree):
-            return {k: distribute_tensor(v.clone(), mesh, placements[k]) for k, v in tree.items()}
+    def shard(tree):
+        return {k: distribute_tensor(v.clone(), mesh, placements[k]) for k, v in tree.items()}
 
-        def full(tree):
-            return {k: v.full_tensor() for k, v in tree.items()}
+    def full(tree):
+        return {k: v.full_tensor() for k, v in tree.items()}
 
-        grads = _trees(1)
-        flat = torch.cat([g.flatten() for g in grads.values()])
-        assert torch.allclose(global_norm(shard(grads)), torch.linalg.vector_norm(flat))
+    grads = _trees(1)
+    flat = torch.cat([g.flatten() for g in grads.values()])
+    assert torch.allclose(global_norm(shard(grads)), torch.linalg.vector_norm(flat))
 
-        for name in _optimizers():
-            for donate in (False, True):
-                plain_opt, sharded_opt = _optimizers()[name], _optimizers()[name]
-                plain, sharded = _trees(0), shard(_trees(0))
-                s_plain, s_sharded = plain_opt.init(plain), sharded_opt.init(sharded)
-                for step in range(3):
-                    g = _trees(10 + step)
-                    g_sharded = shard(g)  # before the plain update, which may donate g
-                    u, s_plain = plain_opt.update(g, s_plain, plain, donate=donate)
-                    plain = apply_updates(plain, u, donate=donate)
-                    u, s_sharded = sharded_opt.update(g_sharded, s_sharded, sharded, donate=donate)
-                    sharded = apply_updates(sharded, u, donate=donate)
-                got = full(sharded)
-                for k in plain:
-                    diff = (got[k] - plain[k]).abs().max().item()
-                    assert diff <= 1e-6, f"{name} donate={donate} {k}: {diff}"
-    finally:
-        dist.destroy_process_group()
+    for name in _optimizers():
+        for donate in (False, True):
+            plain_opt, sharded_opt = _optimizers()[name], _optimizers()[name]
+            plain, sharded = _trees(0), shard(_trees(0))
+            s_plain, s_sharded = plain_opt.init(plain), sharded_opt.init(sharded)
+            for step in range(3):
+                g = _trees(10 + step)
+                g_sharded = shard(g)  # before the plain update, which may donate g
+                u, s_plain = plain_opt.update(g, s_plain, plain, donate=donate)
+                plain = apply_updates(plain, u, donate=donate)
+                u, s_sharded = sharded_opt.update(g_sharded, s_sharded, sharded, donate=donate)
+                sharded = apply_updates(sharded, u, donate=donate)
+            got = full(sharded)
+            for k in plain:
+                diff = (got[k] - plain[k]).abs().max().item()
+                assert diff <= 1e-6, f"{name} donate={donate} {k}: {diff}"
 
 
 @pytest.mark.slow

@@ -124,18 +124,3 @@ def test_a_crashing_rank_stops_all_ranks_and_is_named(tmp_path):
     assert "functrain.launch: rank 1 failed (ValueError: boom on purpose)" in proc.stderr
     assert "all ranks were stopped" in proc.stderr
     assert "should never get here" not in proc.stdout
-
-
-class _Failure:
-    def __init__(self, exitcode, message, timestamp):
-        self.exitcode, self.message, self.timestamp = exitcode, {"message": message}, timestamp
-
-
-def test_the_reported_rank_is_the_one_that_failed_for_its_own_reason():
-    failures = {
-        0: _Failure(1, "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234", 100),
-        1: _Failure(1, "ValueError: boom", 100),
-        2: _Failure(-15, "", 99),  # stopped by the agent
-    }
-    assert launcher.root_failure(failures) == 1
-    assert launcher.root_failure({3: failures[0], 5: failures[2]}) == 5  # all secondary: earliest

@@ -1,0 +1,305 @@
+"""What the ranks tell `functrain.launch`, and the one line the launcher ends with.
+
+Under the launcher each rank leaves two small JSON records in a folder the launcher names
+(`FUNCTRAIN_LAUNCH_STATUS`; nothing is written outside a launch):
+
+- `rank<R>.checkpoint.json` (R: the global rank): the newest checkpoint a `functrain.checkpoint.Manager` of that rank
+  committed (step, URL, time), rewritten at each commit;
+- `rank<R>.exit.json`: written by the worker wrapper when the script ends: its exit code and the
+  stop signals (SIGTERM, SIGINT) the process received while a Python handler (fit's) caught them.
+
+A rank that was killed writes no exit record. From these and torchrun's failures the launcher
+names the rank that failed first (a rank stopped because a peer died never is), or says how a
+stop ended: "stopped by SIGTERM; all 2 ranks checkpointed at step 7 and exited".
+
+Example:
+    >>> record_checkpoint(7, "file:///runs/a/step_000000007")   # in a rank, after a commit
+    >>> records = read_records(folder)                            # in the launcher
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "STATUS_ENV",
+    "RankRecord",
+    "SignalLog",
+    "failure_line",
+    "read_records",
+    "record_checkpoint",
+    "root_failure",
+    "stop_line",
+    "write_exit_record",
+]
+
+STATUS_ENV = "FUNCTRAIN_LAUNCH_STATUS"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+# Errors a rank gets because *another* rank died: never the one to report.
+_SECONDARY = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote worker",  # gloo: "... remote worker crashing" / "check the logs of the remote worker"
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "DistNetworkError",
+)
+# What torchrun writes as a failure's message when the rank left none of its own.
+_MADE_UP = ("To enable traceback", "received by PID")
+
+
+# -- in a rank ---------------------------------------------------------------------------------
+
+
+def _record_path(kind: str) -> str | None:
+    folder = os.environ.get(STATUS_ENV)
+    if not folder or not os.path.isdir(folder):
+        return None
+    return os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.{kind}.json")
+
+
+def _write_json(path: str, value: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)  # the launcher never reads half a record
+
+
+def record_checkpoint(step: int | None, url: str) -> None:
+    """Tell the launcher (if any) that this rank's manager committed `url` at `step`."""
+    path = _record_path("checkpoint")
+    if path is None:
+        return
+    try:
+        _write_json(path, {"step": step, "url": url, "time": time.time()})
+    except OSError:  # the launcher's folder is gone: nothing to tell
+        pass
+
+
+class SignalLog:
+    """Which stop signals this process caught, without replacing anyone's handler.
+
+    Python writes each caught signal's number to a wakeup file descriptor, whichever Python
+    handler (fit's SIGTERM handler, say) then runs; a pipe serves as that descriptor.
+    """
+
+    def __init__(self):
+        self._read = self._write = -1
+        try:
+            self._read, self._write = os.pipe()
+            os.set_blocking(self._read, False)
+            os.set_blocking(self._write, False)
+            signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        except (OSError, ValueError):  # not the main thread, or no pipes: stay blind
+            self._read = self._write = -1
+
+    def received(self) -> list[str]:
+        """Names of the stop signals caught so far (in order, without repeats)."""
+        if self._read < 0:
+            return []
+        try:
+            data = os.read(self._read, 4096)
+        except (BlockingIOError, OSError):
+            data = b""
+        names = []
+        for number in data:
+            if number in STOP_SIGNALS and signal.Signals(number).name not in names:
+                names.append(signal.Signals(number).name)
+        return names
+
+
+def write_exit_record(code: int, signals: list[str]) -> None:
+    """Tell the launcher (if any) that this rank's script ended with `code`."""
+    path = _record_path("exit")
+    if path is not None:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        record = {"code": int(code), "signals": signals, "local_rank": local, "time": time.time()}
+        try:
+            _write_json(path, record)
+        except OSError:
+            pass
+
+
+# -- in the launcher ---------------------------------------------------------------------------
+
+
+@dataclass
+class RankRecord:
+    """What one rank left: its exit (None: it was killed) and its newest checkpoint."""
+
+    rank: int
+    exit: dict | None = None
+    checkpoint: dict | None = None
+    signals: list[str] = field(default_factory=list)
+
+
+def read_records(folder: str) -> dict[int, RankRecord]:
+    """The records the ranks left in `folder`, by rank (unreadable files are skipped)."""
+    records: dict[int, RankRecord] = {}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        parts = name.split(".")
+        if len(parts) != 3 or parts[2] != "json" or not parts[0].startswith("rank"):
+            continue
+        try:
+            rank = int(parts[0][4:])
+            with open(os.path.join(folder, name)) as f:
+                value = json.load(f)
+        except (ValueError, OSError):
+            continue
+        if not isinstance(value, dict):
+            continue
+        record = records.setdefault(rank, RankRecord(rank))
+        if parts[1] == "exit":
+            record.exit = value
+            record.signals = [s for s in value.get("signals", []) if isinstance(s, str)]
+        elif parts[1] == "checkpoint":
+            record.checkpoint = value
+    return records
+
+
+def _message(failure: Any) -> str:
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return str(message or "").strip()
+
+
+def _own_message(failure: Any) -> str:
+    """The failure's own error text ('' when torchrun made the message up)."""
+    message = _message(failure)
+    return "" if any(m in message for m in _MADE_UP) else message
+
+
+def _signal_name(exitcode: int) -> str | None:
+    if exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def root_failure(failures: dict, records: dict[int, RankRecord] | None = None) -> int | None:
+    """The rank that failed first for its own reason, or None when every failure was a stop.
+
+    A failure is *secondary* when the rank died of SIGTERM/SIGINT without an error of its own
+    (torchrun stops the other ranks so after the first failure), when its error is the kind a
+    rank gets because a peer vanished ("Connection closed by peer"), or when the rank had caught
+    a stop signal and exited by itself (a graceful stop). Of the others, the earliest wins.
+
+    Args:
+        failures: torchrun's `{rank: ProcessFailure}`.
+        records: the ranks' records (`read_records`), if any.
+    Returns:
+        the rank to report; when every failure is secondary, the earliest of the non-stops, or
+        None when all of them were stops.
+    """
+    records = records or {}
+
+    def stopped(rank: int, failure: Any) -> bool:
+        own = _own_message(failure)
+        if failure.exitcode in (-signal.SIGTERM, -signal.SIGINT) and not own:
+            return True
+        record = records.get(rank)
+        return record is not None and record.exit is not None and bool(record.signals)
+
+    def secondary(rank: int, failure: Any) -> bool:
+        return stopped(rank, failure) or any(s in _message(failure) for s in _SECONDARY)
+
+    primary = [r for r, f in failures.items() if not secondary(r, f)]
+    pool = primary or [r for r, f in failures.items() if not stopped(r, f)]
+    if not pool:
+        return None
+    return min(pool, key=lambda r: (failures[r].timestamp, r))
+
+
+def failure_text(failure: Any) -> str:
+    """A failure in a few words: the last line of its error, or the signal or exit code."""
+    message = _own_message(failure)
+    if not message:
+        name = _signal_name(failure.exitcode)
+        return f"killed by {name}" if name else f"exit code {failure.exitcode}"
+    last = [line for line in message.splitlines() if line.strip()]
+    return last[-1].strip() if last else message
+
+
+def exit_code_of(failure: Any) -> int:
+    """The launcher's exit code for a rank's failure: its code, or 128 + the signal number."""
+    return failure.exitcode if failure.exitcode > 0 else 128 + (-failure.exitcode or 1)
+
+
+def failure_line(failures: dict, rank: int) -> str:
+    """`functrain.launch: rank R failed (...); all ranks were stopped (also failed: ...).`"""
+    others = sorted(r for r in failures if r != rank)
+    also = f" (also failed: ranks {others})" if others else ""
+    return (
+        f"functrain.launch: rank {rank} failed ({failure_text(failures[rank])}); "
+        f"all ranks were stopped{also}."
+    )
+
+
+def node_ranks(records: dict[int, RankRecord], nproc: int, node_rank: int) -> list[int]:
+    """The global ranks of this node's `nproc` processes: as the ranks recorded them, else
+    torchrun's static assignment (`node_rank * nproc + local_rank`)."""
+    by_local = {
+        r.exit["local_rank"]: rank
+        for rank, r in records.items()
+        if r.exit is not None and isinstance(r.exit.get("local_rank"), int)
+    }
+    return sorted(by_local.get(local, node_rank * nproc + local) for local in range(nproc))
+
+
+def stop_line(
+    reason: str,
+    records: dict[int, RankRecord],
+    ranks: list[int],
+    since: float | None,
+    note: str = "",
+    where: str = "",
+) -> str:
+    """The launcher's line after a stop (SIGTERM, Ctrl-C), from what the ranks recorded.
+
+    Args:
+        reason: what stopped the run, e.g. "SIGTERM" or "Ctrl-C (SIGINT)".
+        records: the ranks' records, by global rank.
+        ranks: this node's global ranks (`node_ranks`).
+        since: when the stop was asked (checkpoints committed after it count as the stop's own).
+        note: why ranks were killed, when they were ("a second Ctrl-C").
+        where: said after "all N ranks" (" on this node" for one node of several).
+    """
+    nproc = len(ranks)
+    killed = [r for r in ranks if records.get(r, RankRecord(r)).exit is None]
+    steps = {
+        r: records[r].checkpoint.get("step")
+        for r in ranks
+        if r in records and records[r].checkpoint is not None
+    }
+    times = [records[r].checkpoint.get("time", 0) for r in steps]
+    who = (f"all {nproc} ranks" if nproc > 1 else "the rank") + where
+    if killed:
+        how = note or "they did not stop within the stop timeout"
+        line = f"ranks {killed} were killed ({how})"
+        if len(killed) < nproc:
+            line += f"; ranks {[r for r in ranks if r not in killed]} exited"
+    elif len(steps) == nproc and len(set(steps.values())) == 1:
+        step = next(iter(steps.values()))
+        if since is not None and all(t >= since for t in times):
+            line = f"{who} checkpointed at step {step} and exited"
+        else:
+            line = f"{who} exited; their newest checkpoint is step {step}"
+    elif steps:
+        line = f"{who} exited; newest checkpoints by rank: {dict(sorted(steps.items()))}"
+    else:
+        line = f"{who} exited (no functrain checkpoint was written)"
+    return f"functrain.launch: stopped by {reason}; {line}."
+
+
+def print_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
