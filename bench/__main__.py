@@ -6,6 +6,7 @@ Suites:
     checkpoint        checkpoint save/load throughput (bench/checkpoint.py)
     distributed       data- and model-parallel scaling (bench/distributed.py)
     time_to_accuracy  speedup algorithms, time to a target accuracy (bench/time_to_accuracy.py)
+    scenarios         issue 11's scenario matrix, strength 3 or the full product (bench/scenarios.py)
     all               every suite above with its defaults, one after the other
 
 Each suite prints a table and writes JSON under bench/results/. Suites are imported only when run,
@@ -31,6 +32,7 @@ SUITES = {
     "checkpoint": ("bench.checkpoint", "main"),
     "distributed": ("bench.distributed", "main"),
     "time_to_accuracy": ("bench.time_to_accuracy", "main"),
+    "scenarios": ("bench.scenarios", "main"),
 }
 
 
