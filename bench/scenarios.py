@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         result = classify(known, o.scenario, o.problems)
         points = ", ".join(b.point for b in known.applicable(o.scenario))
         first = (known.unexplained(o.scenario, o.problems) or o.problems or [""])[0]
-        rows.append([o.scenario.id, result, round(o.seconds, 1), points or "–", first[:120] or "–"])
+        rows.append([o.scenario.id, result, round(o.seconds, 1), points, first[:120]])
         entries.append(
             {
                 "scenario": o.scenario.row,
@@ -112,10 +112,11 @@ def main(argv=None) -> int:
         )
     print(markdown_table(["scenario", "result", "time s", "known bugs", "first problem"], rows))
     counts = collections.Counter(e["result"] for e in entries)
+    aborted = sum(1 for b in matrix.batches for rec in b.launches if rec.get("aborted"))
     summary = ", ".join(f"{counts[k]} {k}" for k in ("pass", "xfail", "XPASS", "FAIL") if counts[k])
     print(
         f"\n{len(entries)} scenarios: {summary}; {matrix.launches} launches, {wall:.0f} s wall, "
-        f"{matrix.cpu_seconds:.0f} s CPU"
+        f"{matrix.cpu_seconds:.0f} s CPU; {aborted} launches had a rank end in SIGABRT (issue 18)"
     )
     report = new_report(
         "scenarios",
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
         wall_seconds=round(wall, 1),
         cpu_seconds=round(matrix.cpu_seconds, 1),
         launches=matrix.launches,
+        aborted_launches=aborted,
         counts=dict(counts),
         scenarios=entries,
     )

@@ -45,15 +45,28 @@ class Outcome:
         return not self.problems
 
 
-def why_failed(job: Job) -> str:
-    """The last line of the error a job ended with (the exception and its message)."""
-    path = os.path.join(job.dir, "failed")
-    if not os.path.exists(path):
-        return "it did not finish"
-    text = open(path, errors="replace").read()
+def _last_error(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if ": " in line and not line.startswith(("File ", "["))]
     return (errors or lines or ["no message"])[-1][:400]
+
+
+def why_failed(job: Job) -> str:
+    """The error a job ended with (the exception and its message), and each rank's own last
+    error when they differ (a rank that failed first makes the others fail in collectives)."""
+    path = os.path.join(job.dir, "failed")
+    if not os.path.exists(path):
+        return "it did not finish"
+    reason = _last_error(open(path, errors="replace").read())
+    per_rank = {}
+    for name in sorted(os.listdir(job.dir)):
+        if name.startswith("error.rank") and name.endswith(".txt"):
+            rank = name[len("error.rank") : -len(".txt")]
+            per_rank[rank] = _last_error(open(os.path.join(job.dir, name), errors="replace").read())
+    others = {r: e for r, e in per_rank.items() if e != reason}
+    if others:
+        reason += " [" + "; ".join(f"rank {r}: {e}" for r, e in others.items()) + "]"
+    return reason
 
 
 def _final(job: Job) -> tuple[dict, dict]:

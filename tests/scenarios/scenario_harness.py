@@ -59,6 +59,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "scenario_worker.py")
 LAUNCH_TIMEOUT = 240.0  # seconds for one launch of a batch (a hang is killed and reported)
+# What a rank that ends in SIGABRT prints (issue 18): noted on the scenarios of that launch, not
+# failed, since the abort is intermittent and a strict xfail cannot follow it.
+ABORT_MARKERS = ("terminate called without an active exception", "Fatal Python error: Aborted")
 
 
 def clean_env() -> dict:
@@ -197,6 +200,8 @@ def run_batch(batch: Batch, log: Callable[[str], None] = lambda s: None) -> None
             "checkpoints": {},
             "last_step": {},
         }
+        text = "".join(tail(o, 1_000_000) for o in outputs)
+        record["aborted"] = any(marker in text for marker in ABORT_MARKERS)
         for job_id in fired_now:  # what the interruption left, before anything resumes
             job = next(j for j in batch.jobs if j.id == job_id)
             record["checkpoints"][job_id] = committed_steps(os.path.join(job.dir, "ckpt"))
@@ -208,10 +213,10 @@ def run_batch(batch: Batch, log: Callable[[str], None] = lambda s: None) -> None
         )
         if not fired_now and not record["finished"]:  # no progress: give up on the running job
             culprit = next((j for j in pending if j.id == running), pending[0])
-            tail = "".join(tail(o, 3000) for o in outputs)
+            output = "".join(tail(o, 3000) for o in outputs)
             with open(os.path.join(culprit.dir, "failed"), "w") as f:
                 f.write(f"launch {attempt} made no progress (rc={record['rcs']}, "
-                        f"timed out={timed_out}):\n{tail}")  # fmt: skip
+                        f"timed out={timed_out}):\n{output}")  # fmt: skip
     for job in batch.jobs:
         if finished(job) is None:
             with open(os.path.join(job.dir, "failed"), "w") as f:
@@ -275,6 +280,14 @@ def run_matrix(
                 problems.append(f"the interrupted run failed: {why_failed(run)}")
             elif finished(ref) == "done":
                 problems += compare_runs(s, ref, run, notes)
+        for rec in launches:
+            if rec["aborted"] and (
+                (run is not None and (run.id in rec["fired"] or rec["running"] == run.id))
+                or rec["running"] == ref.id
+            ):
+                notes.append(
+                    f"a rank aborted (SIGABRT, issue 18) in launch {rec['attempt']} of its batch"
+                )
         outcomes.append(Outcome(s, problems, notes, job_seconds(ref) + job_seconds(run)))
     log(f"{len(scenarios)} scenarios, {sum(len(b.launches) for b in batches)} launches: "
         f"{wall:.0f} s wall, {cpu:.0f} s CPU")  # fmt: skip

@@ -10,6 +10,8 @@ suite until its entry is removed.
     python -m pytest -q tests/scenarios                       # the CI design (a few minutes)
     python -m pytest -q tests/scenarios -k "sigterm and ddp"  # a few scenarios
     FUNCTRAIN_SCENARIOS_KEEP=1 python -m pytest ...           # keep the runs' files, print where
+
+The runs' files are also kept (and their folder printed) when a scenario fails unexpectedly.
 """
 
 from __future__ import annotations
@@ -44,10 +46,18 @@ def outcomes(request):
             wanted.add(callspec.params["scenario"].id)
     selected = [s for s in SCENARIOS if s.id in wanted]
     root = scratch_root()
+    keep = bool(os.environ.get("FUNCTRAIN_SCENARIOS_KEEP"))
     try:
-        yield {o.scenario.id: o for o in run_matrix(selected, root).outcomes}
+        outcomes = run_matrix(selected, root).outcomes
+        # an unexplained failure keeps the runs' files (each launch's output) for a diagnosis
+        keep = keep or any(
+            o.problems
+            and (not known.applicable(o.scenario) or known.unexplained(o.scenario, o.problems))
+            for o in outcomes
+        )
+        yield {o.scenario.id: o for o in outcomes}
     finally:
-        if os.environ.get("FUNCTRAIN_SCENARIOS_KEEP"):
+        if keep:
             print(f"\nscenario runs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
