@@ -9,6 +9,7 @@ Suites:
     update            the ways to run a pure AdamW update, side by side (bench/update_paths.py)
     gpu_check         what only a CUDA GPU shows, one table (bench/gpu_check.py; skips on CPU)
     exits             many short multi-rank runs: aborts and hangs at exit (bench/exits.py)
+    scenarios         issue 11's scenario matrix, strength 3 or the full product (bench/scenarios.py)
     all               every suite above with its defaults, one after the other
 
 Each suite prints a table and writes JSON under bench/results/. Suites are imported only when run,
@@ -37,6 +38,7 @@ SUITES = {
     "gpu_check": ("bench.gpu_check", "main"),
     "update": ("bench.update_paths", "main"),
     "exits": ("bench.exits", "main"),
+    "scenarios": ("bench.scenarios", "main"),
 }
 
 
