@@ -91,13 +91,17 @@ class Location:
         kvstore = {**self.kvstore, "path": path}
         return Location(url=url, scheme=self.scheme, kvstore=kvstore, fsync=self.fsync)
 
-    def sibling(self, name: str) -> Location:
-        """The directory `name` next to this one."""
+    @property
+    def parent(self) -> Location:
+        """The directory that holds this one."""
         parent_path = self.kvstore["path"].rstrip("/").rsplit("/", 1)[0] + "/"
         parent_url = self.url.rstrip("/").rsplit("/", 1)[0]
         kvstore = {**self.kvstore, "path": parent_path}
-        parent = Location(parent_url, self.scheme, kvstore, self.fsync)
-        return parent.child(name)
+        return Location(parent_url, self.scheme, kvstore, self.fsync)
+
+    def sibling(self, name: str) -> Location:
+        """The directory `name` next to this one."""
+        return self.parent.child(name)
 
     def file_url(self, name: str) -> str:
         """The URL of the file (or zarr array directory) `name` inside this directory."""

@@ -47,7 +47,9 @@ __all__ = [
     "dist_info",
     "empty_nodes",
     "leaf_paths",
+    "max_over_ranks",
     "save",
+    "share_text",
     "stage",
     "write",
 ]
@@ -92,6 +94,38 @@ def agree(ok: bool, group=None) -> bool:
     flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
     torch.distributed.all_reduce(flag, group=group)
     return int(flag.item()) == 0
+
+
+def _device(group) -> str:
+    return "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
+
+
+def max_over_ranks(value: int, group=None) -> int:
+    """The largest of every rank's `value` (a barrier too)."""
+    _, world = dist_info(group)
+    if world == 1:
+        return value
+    flag = torch.tensor([value], dtype=torch.int64, device=_device(group))
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
+    return int(flag.item())
+
+
+def share_text(text: str | None, group=None) -> str | None:
+    """Rank 0's `text` (or None) on every rank of `group` (bytes, not pickle)."""
+    rank, world = dist_info(group)
+    if world == 1:
+        return text
+    device = _device(group)
+    data = b"" if text is None or rank != 0 else text.encode()
+    size = torch.tensor([len(data) + 1 if rank == 0 and text is not None else 0], device=device)
+    torch.distributed.all_reduce(size, group=group)
+    if int(size.item()) == 0:
+        return None
+    buffer = torch.zeros(int(size.item()) - 1, dtype=torch.uint8, device=device)
+    if rank == 0 and data:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    torch.distributed.all_reduce(buffer, group=group)
+    return bytes(buffer.cpu().tolist()).decode()
 
 
 def _phase(fn: Callable[[], None], group, what: str, url: str) -> None:

@@ -174,7 +174,7 @@ def test_manager_on_s3_retains_and_autoresumes(s3_server, monkeypatch):
     for step in (1, 2, 3):
         manager.save(_tiny(step))
     manager.wait()
-    assert sorted({k.split("/")[1] for k in _keys(client, "run/")}) == [
+    assert sorted({k.split("/")[1] for k in _keys(client, "run/step_")}) == [
         "step_000000002",
         "step_000000003",
     ]
@@ -188,7 +188,7 @@ def test_manager_on_s3_retains_and_autoresumes(s3_server, monkeypatch):
         checkpoint.load(f"{root}/step_000000050", like=_tiny(0))
     resumed.save(_tiny(4))  # the next save clears the uncommitted directory
     resumed.close()
-    assert sorted({k.split("/")[1] for k in _keys(client, "run/")}) == [
+    assert sorted({k.split("/")[1] for k in _keys(client, "run/step_")}) == [
         "step_000000003",
         "step_000000004",
     ]
