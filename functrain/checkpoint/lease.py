@@ -163,6 +163,7 @@ class Lease:
             CheckpointStorageError: the lease could not be read or written.
         """
         watched: tuple[str, int, float] | None = None  # (token, count, since) of a remote owner
+        races = 0
         while True:
             data, version = self._io(self._store.read)
             other = None if data is None else Owner.parse(data)
@@ -195,7 +196,14 @@ class Lease:
                             why,
                         )
                     break
-                # somebody else wrote in between: look again
+                races += 1  # somebody else wrote in between: look again (a few times)
+                if races > 20:
+                    raise CheckpointStorageError(
+                        f"the lease {self.url} kept changing while this run tried to take it "
+                        "(20 conditional writes failed); another run is starting on this root, "
+                        "or the store does not honour conditional writes -- retry, or pass "
+                        "lease_ttl=None to Manager to run without a lease"
+                    )
         self._held, self._lost = True, None
         self._start_refresher()
 
