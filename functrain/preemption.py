@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import signal
@@ -174,12 +175,13 @@ def restore_latest(
         the restored state, or None when there is no checkpoint.
     """
     like = with_loop_extra(state, names, callbacks, source)
+    path = None
     if "ignore" in inspect.signature(manager.restore).parameters:
         # The loop's own entries are read apart: the set of callbacks may differ on resume.
-        path = manager.latest()
         restored = manager.restore(
             like=like, ignore=(f"extra.{CALLBACKS_KEY}", f"extra.{DATA_KEY}")
         )
+        path = manager.latest()  # after restore: a damaged newer checkpoint was set aside
         saved_extra = _saved_loop_extra(path, manager) if restored is not None and path else {}
     else:
         restored = manager.restore(like=like)
@@ -190,16 +192,37 @@ def restore_latest(
         extra = {k: v for k, v in restored.extra.items() if k not in (CALLBACKS_KEY, DATA_KEY)}
         restored = restored.replace(extra={**extra, **saved_extra})
     saved = restored.extra.get(CALLBACKS_KEY, {}) or {}
+    where = f"{path or 'the checkpoint'}/tree.json"
     for name, callback in zip(names, callbacks):
         load = getattr(callback, "load_state_dict", None)
         if name in saved and callable(load) and not isinstance(callback, torch.nn.Module):
-            load(decode_state(saved[name]))
+            with _saved_state(where, f"{CALLBACKS_KEY}.{name}", f"callback {name!r}"):
+                load(decode_state(saved[name]))
     data_state = restored.extra.get(DATA_KEY)
-    source.load_state_dict(
-        decode_state(data_state) if isinstance(data_state, str) else None,
-        restored.timestamp.batch_in_epoch,
-    )
+    with _saved_state(where, DATA_KEY, "the training data's position"):
+        source.load_state_dict(
+            decode_state(data_state) if isinstance(data_state, str) else None,
+            restored.timestamp.batch_in_epoch,
+        )
     return restored
+
+
+@contextlib.contextmanager
+def _saved_state(file: str, key: str, what: str):
+    """Turn a failure to read saved loop state into a CheckpointError naming file and fix."""
+    from .checkpoint import CheckpointError
+
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        raise CheckpointError(
+            f"{file}: the saved state of {what} (extra.{key}) cannot be restored: {err}. It was "
+            "written by an incompatible version of that code, or the checkpoint was modified. "
+            "Resume from an earlier checkpoint (move this one aside); a callback whose state "
+            "cannot be read starts fresh under another `name` (its saved state is not looked up)"
+        ) from err
 
 
 def _saved_loop_extra(path: Any, manager: Any) -> dict[str, Any]:

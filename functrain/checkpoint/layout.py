@@ -22,8 +22,7 @@ A Manager root holds one such directory per step, `step_000000100` (nine digits)
     <root>/step_000000300.corrupt-<why>/   a damaged checkpoint that auto-resume set aside
                                            (never deleted; `why` is one of `SET_ASIDE_REASONS`,
                                            a `-2`, `-3`, ... suffix when the name is taken)
-    <root>/LEASE.json                      the run that owns the root (see `lease`), and on
-    <root>/LEASE.json.lock                 local disks the file locked while it changes
+    <root>/LEASE.json                      the run that owns the root (see `lease`)
 
 A leaf's key is its dotted path (`params.fc.weight`), which names its directory. Keys come from
 dict keys the user chose and, on load, from a file that may have been tampered with, so each is

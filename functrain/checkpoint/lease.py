@@ -17,9 +17,9 @@ A lease is taken over only when its owner is gone:
 
 What each storage guarantees (the create-if-absent and compare-and-swap the lease relies on):
 
-- local files: an exclusive `flock` on `LEASE.json.lock` around every read-modify-write; atomic
-  between processes of one machine and on network file systems whose locks work (NFSv4, Lustre
-  with `flock`); the rename of the record is atomic.
+- local files: creation is atomic everywhere (`link` refuses an existing name); a take-over or
+  refresh runs under an exclusive `flock` of the root directory: atomic between processes of
+  one machine and on network file systems whose locks work (NFSv4, Lustre with `flock`).
 - `memory://`: atomic (one process).
 - `s3://`: conditional writes (`If-None-Match: *`, `If-Match: <etag>`), requested explicitly
   (`use_conditional_write`), which AWS S3, MinIO and moto honour: atomic. Without them
@@ -327,7 +327,13 @@ class Lease:
 
 
 class _LocalStore:
-    """LEASE.json on a local (or mounted) file system; `flock` makes read-and-swap atomic."""
+    """LEASE.json on a local (or mounted) file system.
+
+    Creating it is atomic on its own (`link` fails when the name exists); replacing or deleting
+    it happens under an exclusive `flock` of the root directory, so that reading, comparing and
+    swapping is one step for every process of the machine (and on network file systems whose
+    locks work). No lock file is left behind.
+    """
 
     def __init__(self, root: storage.Location):
         self.dir = root.local_path
@@ -343,11 +349,11 @@ class _LocalStore:
 
     def swap(self, data: bytes | None, expected: Any) -> bool:
         os.makedirs(self.dir, exist_ok=True)
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.dir, os.O_RDONLY)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:  # a file system without locks: the rename below is still atomic
+            except OSError:  # no locks here: creation stays atomic, a take-over is best effort
                 pass
             current, _ = self.read()
             if current != expected:
@@ -360,7 +366,18 @@ class _LocalStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            try:
+                if expected is None:
+                    try:
+                        os.link(tmp, self.path)  # fails if another run created it meanwhile
+                    except FileExistsError:
+                        return False
+                else:
+                    os.replace(tmp, self.path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            storage.fsync_dir(self.dir)
             return True
         finally:
             os.close(fd)  # releases the flock

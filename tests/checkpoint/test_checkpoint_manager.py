@@ -20,8 +20,7 @@ from functrain.checkpoint import Manager, retained_steps, writer
 from functrain.checkpoint.errors import CheckpointError
 from functrain.time import Timestamp
 
-
-LEASE_FILES = {"LEASE.json", "LEASE.json.lock"}  # the run's lease of the root (see test_lease)
+LEASE_FILES = {"LEASE.json"}  # the run's lease of the root (see test_lease)
 
 
 def _step_dirs(root) -> list[str]:
