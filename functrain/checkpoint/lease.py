@@ -174,9 +174,11 @@ class Lease:
                 raise self._held_error(other, "it is alive on this machine")
             if verdict == "watch":
                 now = time.monotonic()
-                if watched is not None and watched[0] == other.token and watched[1] != other.count:
+                # Any change of the record while watched (a refresh, or a new owner's token)
+                # means a live run is writing it; resetting the watch instead could wait forever.
+                if watched is not None and watched[:2] != (other.token, other.count):
                     raise self._held_error(other, "it refreshed the lease just now")
-                if watched is None or watched[0] != other.token:
+                if watched is None:
                     watched = (other.token, other.count, now)
                 if now - watched[2] < other.ttl:
                     time.sleep(min(1.0, other.ttl / 10))

@@ -429,19 +429,21 @@ class Manager:
                 self._known.add(step)
                 self.restored_from = loc.url
                 return state
-            if worst == _OTHER_FAILURE or not self.fallback:
-                if error is not None:
-                    if isinstance(error, CheckpointCorruptError) and not self.fallback:
-                        raise CheckpointCorruptError(
-                            f"{error}\nThe newest checkpoint {loc.url} is damaged; this Manager "
-                            "has fallback=False. To resume from the previous one, move it aside "
-                            f"(e.g. rename it to {loc.name}.corrupt-manual), or use "
-                            "Manager(fallback=True), which does that",
-                            reason=error.reason,
-                        ) from error
+            if worst == _OTHER_FAILURE:
+                if error is not None and not isinstance(error, CheckpointCorruptError):
                     raise error
                 raise CheckpointError(f"another rank failed restoring {loc.url}; see its error")
-            self._set_aside(loc, layout.SET_ASIDE_REASONS[worst - 1], error)
+            reason = layout.SET_ASIDE_REASONS[worst - 1]
+            if not self.fallback:
+                found = str(error) if error is not None else f"another rank found {reason} damage"
+                raise CheckpointCorruptError(
+                    f"{found}\nThe newest checkpoint {loc.url} is damaged; this Manager has "
+                    "fallback=False. To resume from the previous one, move it aside (e.g. rename "
+                    f"it to {loc.name}.corrupt-manual), or use Manager(fallback=True), which "
+                    "does that",
+                    reason=reason,
+                ) from error
+            self._set_aside(loc, reason, error)
 
     def _set_aside(self, loc: storage.Location, reason: str, error: Exception | None) -> None:
         failure = None

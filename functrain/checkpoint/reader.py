@@ -131,6 +131,20 @@ def describe(path: Any, storage_options: dict | None = None) -> Description:
     _check_steps(loc, commit, tree, records)
     files = commit.get("files")
     if files is not None:
+        # Every array COMMIT.json lists is a leaf of tree.json: one missing from the tree means
+        # the two disagree, and loading without `like` would silently drop it. (A leaf whose
+        # zarr.json is not listed fails its digest check when it is read.)
+        known = {layout.array_metadata_file(r.key) for r in records}
+        stray = sorted(
+            n for n in files if n.endswith("/" + layout.ARRAY_METADATA) and n not in known
+        )
+        if stray:
+            raise CheckpointCorruptError(
+                f"{layout.COMMIT_FILE} lists the array {layout.summary(stray[0])}"
+                f"{' (and more)' if len(stray) > 1 else ''}, which {tree_url} does not have: the "
+                "checkpoint was modified after the commit -- load an earlier checkpoint",
+                reason="metadata",
+            )
         # The root's other metadata files (zarr.json files are checked as each array is read).
         names = [n for n in files if "/" not in n and n != layout.TREE_FILE]
         for name, data in storage.read_many(loc, names).items():

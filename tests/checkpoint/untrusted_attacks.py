@@ -51,12 +51,12 @@ def read(path: str) -> bytes:
 
 
 def edit_json(d: str, name: str, fn, fix: bool = True) -> None:
-    """Change a JSON file of checkpoint `d` with `fn(obj) -> obj | None`; with `fix`, also
-    recompute COMMIT.json's digests, as a deliberate attacker would."""
+    """Change a JSON file of checkpoint `d` in place with `fn(obj)` (its result is ignored);
+    with `fix`, also recompute COMMIT.json's digests, as a deliberate attacker would."""
     path = os.path.join(d, name)
     obj = json.loads(read(path))
-    out = fn(obj)
-    replace(path, layout.dump_json(obj if out is None else out))
+    fn(obj)
+    replace(path, layout.dump_json(obj))
     if fix:
         fix_digests(d)
 
@@ -147,9 +147,16 @@ def make_fifo(path: str) -> None:
 
 def make_socket(path: str) -> None:
     os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(path)
-    sock.close()
+    # Bound by its name from inside its folder: an AF_UNIX path is limited to 107 bytes, and
+    # pytest's temporary folders can be longer than that.
+    here = os.getcwd()
+    os.chdir(os.path.dirname(path))
+    try:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(os.path.basename(path))
+        sock.close()
+    finally:
+        os.chdir(here)
 
 
 def symlink(path: str, target: str) -> None:
