@@ -247,23 +247,50 @@ def scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float
 
 
 _TENSOR_TAG = "__tensor__"
+# The dtypes a saved tensor may name: an explicit allowlist, so that a string read from a
+# checkpoint is never used to look up an arbitrary attribute of `torch`.
+_STATE_DTYPES = {
+    str(dtype).replace("torch.", ""): dtype
+    for dtype in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+_MAX_STATE_DEPTH = 64  # nesting of a saved state (deeper would exhaust the recursion limit)
+_MAX_STATE_ELEMENTS = 2**27  # elements of one saved tensor (a state_dict holds small ones)
 
 
-def _to_json(value: Any, where: str) -> Any:
+def _to_json(value: Any, where: str, depth: int = 0) -> Any:
+    if depth > _MAX_STATE_DEPTH:
+        raise TypeError(f"{where} is nested more than {_MAX_STATE_DEPTH} levels deep; flatten it")
     if isinstance(value, torch.Tensor):
+        name = str(value.dtype).replace("torch.", "")
+        if name not in _STATE_DTYPES:
+            raise TypeError(
+                f"{where} is a {value.dtype} tensor; a saved state holds tensors of "
+                f"{sorted(_STATE_DTYPES)} -- convert it first"
+            )
         flat = value.detach().cpu().reshape(-1)
-        return {
-            _TENSOR_TAG: str(value.dtype).replace("torch.", ""),
-            "shape": list(value.shape),
-            "data": flat.tolist(),
-        }
+        if value.is_complex():
+            flat = torch.view_as_real(flat).reshape(-1)
+        return {_TENSOR_TAG: name, "shape": list(value.shape), "data": flat.tolist()}
     if isinstance(value, dict):
         for key in value:
             if not isinstance(key, str):
                 raise TypeError(f"{where}: dict keys must be strings to be saved, got {key!r}")
-        return {k: _to_json(v, f"{where}.{k}") for k, v in value.items()}
+        return {k: _to_json(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_to_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
@@ -274,15 +301,49 @@ def _to_json(value: Any, where: str) -> Any:
     )
 
 
-def _from_json(value: Any) -> Any:
+def _from_json(value: Any, where: str, depth: int = 0) -> Any:
+    if depth > _MAX_STATE_DEPTH:
+        raise ValueError(f"{where} is nested more than {_MAX_STATE_DEPTH} levels deep")
     if isinstance(value, dict):
         if _TENSOR_TAG in value:
-            dtype = getattr(torch, value[_TENSOR_TAG])
-            return torch.tensor(value["data"], dtype=dtype).reshape(value["shape"])
-        return {k: _from_json(v) for k, v in value.items()}
+            return _tensor_from_json(value, where)
+        return {k: _from_json(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [_from_json(v) for v in value]
+        return [_from_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     return value
+
+
+def _tensor_from_json(value: dict, where: str) -> torch.Tensor:
+    dtype = _STATE_DTYPES.get(value[_TENSOR_TAG]) if isinstance(value[_TENSOR_TAG], str) else None
+    if dtype is None:
+        raise ValueError(
+            f"{where} names dtype {str(value[_TENSOR_TAG])[:40]!r}, not one of {sorted(_STATE_DTYPES)}"
+        )
+    shape, data = value.get("shape"), value.get("data")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= 32
+        and all(type(n) is int and 0 <= n <= _MAX_STATE_ELEMENTS for n in shape)
+    ):
+        raise ValueError(f"{where}: 'shape' must be a list of sizes")
+    count = 1
+    for n in shape:
+        count *= n
+    per = 2 if dtype.is_complex else 1
+    if (
+        not isinstance(data, list)
+        or count > _MAX_STATE_ELEMENTS
+        or len(data) != count * per
+        or not all(type(x) in (int, float, bool) for x in data)
+    ):
+        raise ValueError(f"{where}: 'data' must be {count * per} numbers for shape {shape}")
+    if dtype.is_complex:
+        real = torch.tensor(data, dtype=torch.float64).reshape(*shape, 2)
+        return torch.view_as_complex(real).to(dtype)
+    try:
+        return torch.tensor(data, dtype=dtype).reshape(shape)
+    except (RuntimeError, OverflowError, TypeError) as err:
+        raise ValueError(f"{where}: its values do not fit {dtype} ({err})") from None
 
 
 def encode_state(value: Any, where: str = "state") -> str:
@@ -299,8 +360,24 @@ def encode_state(value: Any, where: str = "state") -> str:
 
 
 def decode_state(text: str) -> Any:
-    """The inverse of `encode_state` (tuples come back as lists)."""
-    return _from_json(json.loads(text))
+    """The inverse of `encode_state` (tuples come back as lists).
+
+    The text comes from a checkpoint, so it is untrusted: tensors may only name the dtypes of
+    an allowlist, sizes are bounded, and nesting is limited.
+
+    Raises:
+        ValueError: the text is not a state `encode_state` writes (what is wrong, in words);
+            `preemption` adds which checkpoint and what to do.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"a saved state is a JSON string, got a {type(text).__name__}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"it is not valid JSON ({err})") from None
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+    return _from_json(value, "state")
 
 
 def callback_name(callback: Any) -> str:

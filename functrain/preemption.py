@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import os
@@ -254,13 +255,13 @@ def restore_latest(
     Raises:
         CheckpointMismatchError: the checkpoint does not fit `like`, with what to do about it.
     """
-    path = manager.latest()
     # The loop's own entries are read apart: the set of callbacks may differ on resume.
     ignore = (f"extra.{CALLBACKS_KEY}", f"extra.{DATA_KEY}")
     try:
         restored = manager.restore(like=like, ignore=ignore, inplace=inplace)
     except CheckpointMismatchError as error:
-        raise CheckpointMismatchError(_mismatch_help(path, error)) from error
+        raise CheckpointMismatchError(_mismatch_help(manager.latest(), error)) from error
+    path = manager.latest()  # after restore: a damaged newer checkpoint may have been set aside
     if restored is None:
         return None
     if path is None:  # the weights of Manager(init_from=...): a new run, nothing else to load
@@ -269,15 +270,18 @@ def restore_latest(
     extra = {k: v for k, v in restored.extra.items() if k not in (CALLBACKS_KEY, DATA_KEY)}
     restored = restored.replace(extra={**extra, **saved_extra})
     saved = restored.extra.get(CALLBACKS_KEY, {}) or {}
+    where = f"{path or 'the checkpoint'}/tree.json"
     for name, callback in zip(names, callbacks):
         load = getattr(callback, "load_state_dict", None)  # optional in the callback protocol
         if name in saved and callable(load) and not isinstance(callback, torch.nn.Module):
-            load(decode_state(saved[name]))
+            with _saved_state(where, f"{CALLBACKS_KEY}.{name}", f"callback {name!r}"):
+                load(decode_state(saved[name]))
     data_state = restored.extra.get(DATA_KEY)
-    source.load_state_dict(
-        decode_state(data_state) if isinstance(data_state, str) else None,
-        restored.timestamp.batch_in_epoch,
-    )
+    with _saved_state(where, DATA_KEY, "the training data's position"):
+        source.load_state_dict(
+            decode_state(data_state) if isinstance(data_state, str) else None,
+            restored.timestamp.batch_in_epoch,
+        )
     return restored, path
 
 
@@ -293,6 +297,24 @@ def _mismatch_help(path: str | None, error: CheckpointMismatchError) -> str:
         f"give fit a Manager with a new root and init_from={path!r} (init_ignore=(...) skips "
         "keys)"
     )
+
+
+@contextlib.contextmanager
+def _saved_state(file: str, key: str, what: str):
+    """Turn a failure to read saved loop state into a CheckpointError naming file and fix."""
+    from .checkpoint import CheckpointError
+
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        raise CheckpointError(
+            f"{file}: the saved state of {what} (extra.{key}) cannot be restored: {err}. It was "
+            "written by an incompatible version of that code, or the checkpoint was modified. "
+            "Resume from an earlier checkpoint (move this one aside); a callback whose state "
+            "cannot be read starts fresh under another `name` (its saved state is not looked up)"
+        ) from err
 
 
 def _saved_loop_extra(path: str, storage_options: dict | None) -> dict[str, Any]:

@@ -5,6 +5,9 @@
 - `Manager(root, every="1ep", keep_last=3, ...)`: periodic, asynchronous, atomic saves with
   retention and auto-resume, passed to `functrain.fit(..., checkpoints=manager)`.
 - Storage is a path or URL: local files, `memory://`, `s3://` (any S3-compatible endpoint), `gs://`.
+- Checkpoints are untrusted input: every metadata file is validated and digest-checked before
+  anything is allocated, nothing outside a checkpoint is followed, and one run owns a Manager
+  root at a time (a lease). docs/checkpoints.md says what is guaranteed.
 
 Example:
     >>> functrain.checkpoint.save("/tmp/ckpt", state)
@@ -14,9 +17,11 @@ Example:
 from .errors import (
     CheckpointCorruptError,
     CheckpointError,
+    CheckpointLeaseError,
     CheckpointMismatchError,
     CheckpointNotCommittedError,
     CheckpointNotFoundError,
+    CheckpointStorageError,
 )
 from .manager import Manager, checkpoints, latest, retained_steps
 from .reader import describe, load
@@ -26,9 +31,11 @@ from .writer import save
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointError",
+    "CheckpointLeaseError",
     "CheckpointMismatchError",
     "CheckpointNotCommittedError",
     "CheckpointNotFoundError",
+    "CheckpointStorageError",
     "Manager",
     "checkpoints",
     "describe",

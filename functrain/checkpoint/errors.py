@@ -23,8 +23,26 @@ class CheckpointNotCommittedError(CheckpointError):
 
 
 class CheckpointCorruptError(CheckpointError):
-    """A file of the checkpoint is truncated, corrupted, missing or unsafe."""
+    """A file of the checkpoint is truncated, corrupted, missing or unsafe.
+
+    Attributes:
+        reason: a one-word class of damage ("chunk", "metadata", "digest", "commit", "unsafe",
+            or "damaged"), used in the name auto-resume gives a checkpoint it sets aside.
+    """
+
+    def __init__(self, message: str, *, reason: str = "damaged"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class CheckpointMismatchError(CheckpointError):
     """The checkpoint does not fit the `like` state (keys, shapes, dtypes or kinds differ)."""
+
+
+class CheckpointStorageError(CheckpointError):
+    """The storage failed (unreachable, permission denied, out of space): the checkpoint itself
+    may be fine, so auto-resume never sets it aside for this; retry once the storage works."""
+
+
+class CheckpointLeaseError(CheckpointError):
+    """Another run owns the Manager root (or took it over from this one)."""

@@ -12,7 +12,17 @@ so orbax -- and through it JAX -- restores it as numpy arrays:
     <dir>/_CHECKPOINT_METADATA         orbax's step metadata
     <dir>/commit_success.txt           orbax's commit marker
     <dir>/COMMIT.json                  functrain's commit marker, written last: step, time,
-                                       world size, timestamp, and the blake2b of tree.json
+                                       world size, timestamp, who wrote it, and the blake2b of
+                                       tree.json and of every other metadata file ("files":
+                                       each zarr.json, _METADATA, _strings.json, ...)
+
+A Manager root holds one such directory per step, `step_000000100` (nine digits), plus:
+
+    <root>/step_000000200.tmp/             a save in flight (local files; renamed when committed)
+    <root>/step_000000300.corrupt-<why>/   a damaged checkpoint that auto-resume set aside
+                                           (never deleted; `why` is one of `SET_ASIDE_REASONS`,
+                                           a `-2`, `-3`, ... suffix when the name is taken)
+    <root>/LEASE.json                      the run that owns the root (see `lease`)
 
 A leaf's key is its dotted path (`params.fc.weight`), which names its directory. Keys come from
 dict keys the user chose and, on load, from a file that may have been tampered with, so each is
@@ -31,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from typing import Any
 
 from .errors import CheckpointCorruptError, CheckpointError
@@ -44,6 +55,10 @@ ORBAX_METADATA = "_METADATA"
 ORBAX_CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 ORBAX_STRINGS = "_strings.json"
 ORBAX_COMMIT = "commit_success.txt"
+ARRAY_METADATA = "zarr.json"  # inside each array's directory
+LEASE_FILE = "LEASE.json"  # in a Manager root
+# The files at a checkpoint's top level that COMMIT.json's digests may name.
+ROOT_FILES = {TREE_FILE, ORBAX_METADATA, ORBAX_STRINGS, ORBAX_CHECKPOINT_METADATA, ORBAX_COMMIT}
 RESERVED = {
     TREE_FILE,
     COMMIT_FILE,
@@ -61,6 +76,25 @@ KINDS = {"tensor", *SCALAR_KINDS}
 # orbax key types: 1 = an index into a sequence, 2 = a mapping key (or a named field).
 KEY_SEQUENCE, KEY_MAPPING = 1, 2
 MAX_KEY_BYTES = 240  # file systems cap a name at 255 bytes; orbax's temporary suffixes need room
+# A metadata file larger than this is refused before it is parsed (a tree.json of a model with
+# 100k leaves is a few tens of MB).
+MAX_JSON_BYTES = 512 * 2**20
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+# Why auto-resume set a checkpoint aside: the suffix of its new name, `step_N.corrupt-<reason>`.
+SET_ASIDE_REASONS = ("damaged", "chunk", "metadata", "digest", "commit", "unsafe")
+SET_ASIDE = re.compile(r"^step_(\d+)\.corrupt-(" + "|".join(SET_ASIDE_REASONS) + r")(-\d+)?$")
+
+
+def step_dir_name(step: int) -> str:
+    """The directory name of the checkpoint of optimizer step `step` in a Manager root."""
+    return f"step_{int(step):09d}"
+
+
+def dir_step(name: str) -> int | None:
+    """The step a Manager root's directory name stands for (`step_000000100` -> 100), or None."""
+    match = STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
 
 
 def check_key(key: str, where: str, file: str = "") -> None:
@@ -141,8 +175,9 @@ class LeafRecord:
 
         def bad(why: str) -> CheckpointCorruptError:
             return CheckpointCorruptError(
-                f"{file}: invalid leaf entry {str(item)[:200]}: {why}; the tree description is "
-                "corrupted -- load an earlier checkpoint"
+                f"{file}: invalid leaf entry {summary(item)}: {why}; the tree description is "
+                "corrupted -- load an earlier checkpoint",
+                reason="metadata",
             )
 
         if not isinstance(item, dict):
@@ -167,8 +202,11 @@ class LeafRecord:
             if not isinstance(dtype, str):
                 raise bad("'dtype' must be a string")
             layout = item.get("layout")
-            if layout is not None and not isinstance(layout, dict):
-                raise bad("'layout' must be an object or null")
+            if layout is not None and not _valid_layout(layout):
+                raise bad(
+                    "'layout' must be null or an object of 'mesh_shape' (ints), "
+                    "'mesh_dim_names' (strings or null) and 'placements' (strings)"
+                )
             record.dtype, record.shape, record.chunks = dtype, tuple(shape), tuple(chunks)
             record.layout = layout
         else:
@@ -178,6 +216,54 @@ class LeafRecord:
                 raise bad(f"'value' must be a {expected.__name__}")
             record.value = expected(value)
         return record
+
+
+def _orbax_entry(entry: Any) -> tuple | None:
+    """`(path, key_types, value_type, skip_deserialize)` of an orbax tree entry, or None."""
+    if not isinstance(entry, dict):
+        return None
+    keys, value = entry.get("key_metadata"), entry.get("value_metadata")
+    if not isinstance(keys, list) or not keys or not isinstance(value, dict):
+        return None
+    path, key_types = [], []
+    for k in keys:
+        if not isinstance(k, dict) or type(k.get("key")) not in (str, int):
+            return None
+        key_type = k.get("key_type", KEY_MAPPING)
+        if key_type not in (KEY_SEQUENCE, KEY_MAPPING):
+            return None
+        path.append(str(k["key"]))
+        key_types.append(key_type)
+    value_type = value.get("value_type")
+    if not isinstance(value_type, str):
+        return None
+    return tuple(path), tuple(key_types), value_type, bool(value.get("skip_deserialize"))
+
+
+def _valid_layout(value: Any) -> bool:
+    """True for a DTensor layout as `staging` writes it (informational; kept flat and small)."""
+    if not isinstance(value, dict) or set(value) - {"mesh_shape", "mesh_dim_names", "placements"}:
+        return False
+    names = value.get("mesh_dim_names")
+    placements = value.get("placements")
+    return (
+        _int_list(value.get("mesh_shape"), 1)
+        and (names is None or (isinstance(names, list) and all(isinstance(n, str) for n in names)))
+        and isinstance(placements, list)
+        and all(isinstance(p, str) and len(p) < 64 for p in placements)
+    )
+
+
+def summary(value: Any, limit: int = 200) -> str:
+    """A short text of an untrusted JSON value that never recurses (`str` of a deeply nested
+    object raises RecursionError)."""
+    if isinstance(value, dict):
+        text = "{" + ", ".join(repr(k)[:40] for k in list(value)[:8]) + (", ...}" if value else "}")
+    elif isinstance(value, list):
+        text = f"[... {len(value)} items]"
+    else:
+        text = repr(value)
+    return text[:limit]
 
 
 def _int_list(value: Any, minimum: int) -> bool:
@@ -194,17 +280,35 @@ def dump_json(obj: Any) -> bytes:
 
 def parse_json(data: bytes, file: str, what: str) -> Any:
     """Parse JSON from an untrusted file, naming the file and the fix on failure."""
+    if len(data) > MAX_JSON_BYTES:
+        raise CheckpointCorruptError(
+            f"{file}: the {what} is {len(data)} bytes, more than any checkpoint writes "
+            f"({MAX_JSON_BYTES}); it is corrupted -- load an earlier checkpoint",
+            reason="metadata",
+        )
     try:
         return json.loads(data.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointCorruptError(
-            f"{file}: the {what} is truncated or corrupted ({err}); load an earlier checkpoint"
+            f"{file}: the {what} is truncated or corrupted ({err}); load an earlier checkpoint",
+            reason="metadata",
+        ) from None
+    except RecursionError:
+        raise CheckpointCorruptError(
+            f"{file}: the {what} is nested too deeply to be a checkpoint's description; it is "
+            "corrupted or crafted -- load an earlier checkpoint",
+            reason="metadata",
         ) from None
 
 
 def digest(data: bytes) -> str:
-    """The blake2b-128 hex digest that COMMIT.json records for tree.json."""
+    """The blake2b-128 hex digest that COMMIT.json records for tree.json and the other files."""
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def array_metadata_file(key: str) -> str:
+    """The name, relative to the checkpoint directory, of a leaf array's zarr.json."""
+    return f"{key}/{ARRAY_METADATA}"
 
 
 def tree_description(records: list[LeafRecord], treedef: str, step: int | None) -> dict:
@@ -294,20 +398,16 @@ def parse_orbax_metadata(obj: Any, file: str) -> tuple[list[LeafRecord], dict[st
         )
     records = []
     for name, entry in obj["tree_metadata"].items():
-        try:
-            keys = entry["key_metadata"]
-            path = tuple(str(k["key"]) for k in keys)
-            key_types = tuple(int(k.get("key_type", KEY_MAPPING)) for k in keys)
-            value_type = entry["value_metadata"]["value_type"]
-        except (KeyError, TypeError, ValueError):
+        parsed = _orbax_entry(entry)
+        if parsed is None:
             raise CheckpointCorruptError(
-                f"{file}: entry {name!r} is malformed; load another checkpoint"
-            ) from None
-        if entry["value_metadata"].get("skip_deserialize"):
+                f"{file}: entry {summary(name)} is malformed; load another checkpoint",
+                reason="metadata",
+            )
+        path, key_types, value_type, skip = parsed
+        if skip or value_type in ("None", "none"):
             continue
         kind = {"string": "str", "scalar": "scalar-array"}.get(value_type, "tensor")
-        if value_type in ("None", "none"):
-            continue
         record = LeafRecord(path=path, key_types=key_types, kind=kind)
         check_key(record.key, "loading", file)
         records.append(record)

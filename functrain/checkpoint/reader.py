@@ -28,7 +28,7 @@ import optree
 import tensorstore as ts
 import torch
 
-from . import layout, storage
+from . import layout, storage, verify
 from .dtypes import TORCH_DTYPES, from_numpy, torch_dtype, zarr_name
 from .errors import (
     CheckpointCorruptError,
@@ -36,12 +36,14 @@ from .errors import (
     CheckpointMismatchError,
     CheckpointNotCommittedError,
     CheckpointNotFoundError,
+    CheckpointStorageError,
 )
 from .sharding import dtensor_from_local, is_dtensor
 from .staging import leaf_paths
 
 WEIGHT_FIELDS = ("params", "buffers")
 _ORBAX_TMP = ".orbax-checkpoint-tmp"
+MAX_ARRAY_METADATA_BYTES = 2**20  # a zarr.json is a few hundred bytes
 
 
 @dataclasses.dataclass
@@ -54,25 +56,45 @@ class Description:
         commit: the content of COMMIT.json (None for orbax checkpoints).
         orbax: orbax's flags (`use_ocdbt`, `use_zarr3`) for checkpoints written by orbax; None
             for functrain checkpoints.
+        files: the digests COMMIT.json keeps for the metadata files (None when it keeps none:
+            orbax checkpoints, and functrain's before it recorded them).
     """
 
     loc: storage.Location
     records: list[layout.LeafRecord]
     commit: dict | None = None
     orbax: dict | None = None
+    files: dict[str, str] | None = None
 
-    def array_spec(self, record: layout.LeafRecord) -> dict:
-        """The tensorstore spec that opens a leaf's array for reading."""
-        driver, kvstore = "zarr3", self.loc.child(record.key).kvstore
-        if self.orbax is not None:
-            driver = "zarr3" if self.orbax["use_zarr3"] else "zarr"
-            if self.orbax["use_ocdbt"]:
-                kvstore = {"driver": "ocdbt", "base": self.loc.kvstore, "path": record.key + "/"}
-        return {"driver": driver, "kvstore": kvstore, "fill_missing_data_reads": False}
+    def array_spec(self, record: layout.LeafRecord, metadata: dict) -> dict:
+        """The tensorstore spec that opens a leaf's array for reading, with its validated
+        metadata (tensorstore is told to assume it rather than read zarr.json itself)."""
+        driver = "zarr3" if metadata["zarr_format"] == 3 else "zarr"
+        return {
+            "driver": driver,
+            "kvstore": self._array_kvstore(record),
+            "metadata": metadata,
+            "fill_missing_data_reads": False,
+        }
+
+    def _array_kvstore(self, record: layout.LeafRecord) -> dict:
+        if self.orbax is not None and self.orbax["use_ocdbt"]:
+            return {"driver": "ocdbt", "base": self.loc.kvstore, "path": record.key + "/"}
+        return self.loc.child(record.key).kvstore
+
+    def metadata_file(self, record: layout.LeafRecord) -> str:
+        """The name of a leaf's array metadata file (zarr3 `zarr.json`, zarr2 `.zarray`)."""
+        zarr3 = self.orbax is None or self.orbax["use_zarr3"]
+        return f"{record.key}/{layout.ARRAY_METADATA if zarr3 else '.zarray'}"
 
 
 def describe(path: Any, storage_options: dict | None = None) -> Description:
     """Read and validate the description of the committed checkpoint at `path`.
+
+    Validates, before any array is opened: on local disks, that the directory holds only
+    regular files and directories; that COMMIT.json, tree.json and every other metadata file
+    match the digests COMMIT.json keeps; and that the step in COMMIT.json, in tree.json and in
+    the directory's name (`step_000000100`) agree.
 
     Args:
         path: a checkpoint directory (path or URL, see `storage.resolve`).
@@ -83,29 +105,136 @@ def describe(path: Any, storage_options: dict | None = None) -> Description:
         CheckpointNotFoundError, CheckpointNotCommittedError, CheckpointCorruptError.
     """
     loc = storage.resolve(path, storage_options)
+    if loc.is_local and os.path.isdir(loc.local_path):
+        verify.check_local_tree(os.path.realpath(loc.local_path), loc.url)
     commit_bytes = storage.read_bytes(loc, layout.COMMIT_FILE)
     if commit_bytes is None:
         return _describe_uncommitted(loc)
     commit_url = loc.file_url(layout.COMMIT_FILE)
-    commit = layout.parse_json(commit_bytes, commit_url, "commit marker")
-    if not isinstance(commit, dict) or commit.get("format") != layout.FORMAT:
-        raise CheckpointCorruptError(
-            f"{commit_url} is not a functrain commit marker; load an earlier checkpoint"
-        )
+    commit = _parse_commit(layout.parse_json(commit_bytes, commit_url, "commit marker"), commit_url)
     tree_url = loc.file_url(layout.TREE_FILE)
     tree_bytes = storage.read_bytes(loc, layout.TREE_FILE)
     if tree_bytes is None:
         raise CheckpointCorruptError(
             f"{tree_url} is missing although the checkpoint is committed; files were deleted "
-            "from it -- load an earlier checkpoint"
+            "from it -- load an earlier checkpoint",
+            reason="metadata",
         )
     if commit.get("tree_blake2b") != layout.digest(tree_bytes):
         raise CheckpointCorruptError(
             f"{tree_url} does not match the checksum in {layout.COMMIT_FILE} (it was truncated "
-            "or modified after the commit); load an earlier checkpoint"
+            "or modified after the commit); load an earlier checkpoint",
+            reason="digest",
         )
     tree = layout.parse_json(tree_bytes, tree_url, "tree description")
-    return Description(loc, layout.parse_tree_description(tree, tree_url), commit=commit)
+    records = layout.parse_tree_description(tree, tree_url)
+    _check_steps(loc, commit, tree, records)
+    files = commit.get("files")
+    if files is not None:
+        # Every array COMMIT.json lists is a leaf of tree.json: one missing from the tree means
+        # the two disagree, and loading without `like` would silently drop it. (A leaf whose
+        # zarr.json is not listed fails its digest check when it is read.)
+        known = {layout.array_metadata_file(r.key) for r in records}
+        stray = sorted(
+            n for n in files if n.endswith("/" + layout.ARRAY_METADATA) and n not in known
+        )
+        if stray:
+            raise CheckpointCorruptError(
+                f"{layout.COMMIT_FILE} lists the array {layout.summary(stray[0])}"
+                f"{' (and more)' if len(stray) > 1 else ''}, which {tree_url} does not have: the "
+                "checkpoint was modified after the commit -- load an earlier checkpoint",
+                reason="metadata",
+            )
+        # The root's other metadata files (zarr.json files are checked as each array is read).
+        names = [n for n in files if "/" not in n and n != layout.TREE_FILE]
+        for name, data in storage.read_many(loc, names).items():
+            check_digest(loc, name, data, files)
+    return Description(loc, records, commit=commit, files=files)
+
+
+def _parse_commit(commit: Any, url: str) -> dict:
+    if not isinstance(commit, dict) or commit.get("format") != layout.FORMAT:
+        raise CheckpointCorruptError(
+            f"{url} is not a functrain commit marker; load an earlier checkpoint", reason="commit"
+        )
+    version = commit.get("version")
+    if type(version) is not int:
+        raise CheckpointCorruptError(
+            f"{url} has no format version; load an earlier checkpoint", reason="commit"
+        )
+    if version > layout.VERSION:
+        raise CheckpointError(
+            f"{url} has format version {version}, newer than this functrain understands "
+            f"({layout.VERSION}); upgrade functrain to load it"
+        )
+    step, files = commit.get("step"), commit.get("files")
+    problem = None
+    if step is not None and (type(step) is not int or step < 0):
+        problem = "'step' is not a non-negative int"
+    elif not isinstance(commit.get("tree_blake2b"), str):
+        problem = "'tree_blake2b' is not a digest"
+    elif files is not None and not (
+        isinstance(files, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+    ):
+        problem = "'files' is not a map of file names to digests"
+    elif commit.get("timestamp") is not None and not isinstance(commit["timestamp"], dict):
+        problem = "'timestamp' is not an object"
+    if problem:
+        raise CheckpointCorruptError(
+            f"{url}: {problem}; load an earlier checkpoint", reason="commit"
+        )
+    for name in files or ():  # names become paths: only a leaf's zarr.json or a root file
+        key, nested, rest = name.partition("/")
+        if nested and rest == layout.ARRAY_METADATA:
+            layout.check_key(key, "loading", url)
+        elif nested or name not in layout.ROOT_FILES:
+            raise CheckpointCorruptError(
+                f"{url}: 'files' lists {layout.summary(name)}, not a checkpoint metadata file; "
+                "load an earlier checkpoint",
+                reason="commit",
+            )
+    return commit
+
+
+def _check_steps(loc: storage.Location, commit: dict, tree: dict, records: list) -> None:
+    """COMMIT.json's step, tree.json's, the state's `step` leaf and the directory name agree."""
+    seen = {f"{layout.COMMIT_FILE} says": commit.get("step")}
+    seen[f"{layout.TREE_FILE} says"] = tree.get("step")
+    leaf = next((r for r in records if r.path == ("step",) and r.kind == "int"), None)
+    if leaf is not None and commit.get("step") is not None:
+        seen["the state's step leaf holds"] = leaf.value
+    named = layout.dir_step(loc.name)
+    if named is not None:
+        seen[f"the directory name {loc.name!r} says"] = named
+    values = {v for v in seen.values()}
+    if len(values) > 1:
+        told = "; ".join(f"{who} {value}" for who, value in seen.items())
+        raise CheckpointCorruptError(
+            f"{loc.url}: the checkpoint's step is inconsistent ({told}); it was renamed or "
+            "modified, and resuming it would restart from the wrong step -- load an earlier "
+            "checkpoint, or rename the directory after the step it holds",
+            reason="commit",
+        )
+
+
+def check_digest(loc: storage.Location, name: str, data: bytes | None, files: dict) -> None:
+    """Raise unless the metadata file `name` exists and matches COMMIT.json's digest of it."""
+    url = loc.file_url(name)
+    if data is None:
+        raise CheckpointCorruptError(
+            f"{url} is missing although {layout.COMMIT_FILE} lists it; files were deleted from "
+            "the checkpoint -- load an earlier one",
+            reason="metadata",
+        )
+    expected = files.get(name)
+    if expected is None or expected != layout.digest(data):
+        what = "is not listed in" if expected is None else "does not match the checksum in"
+        raise CheckpointCorruptError(
+            f"{url} {what} {layout.COMMIT_FILE} (it was modified after the commit); load an "
+            "earlier checkpoint",
+            reason="digest",
+        )
 
 
 def _describe_uncommitted(loc: storage.Location) -> Description:
@@ -246,7 +375,7 @@ def _mismatch_message(url: str, missing: list[str], unknown: list[str]) -> str:
 def _read_all(desc: Description, jobs: list, *, inplace: bool) -> dict:
     """Read every job `(id, like_leaf, record)`; return `{id: value}`."""
     values: dict = {}
-    opening, problems = [], []
+    arrays, problems = [], []  # arrays: (job_id, like_leaf, record, url) of the leaves to read
     for job_id, like_leaf, record in jobs:
         url = desc.loc.file_url(record.key)
         if record.kind != "tensor":
@@ -277,27 +406,35 @@ def _read_all(desc: Description, jobs: list, *, inplace: bool) -> dict:
                 except CheckpointMismatchError as err:
                     problems.append(str(err))  # report every misfit at once
                     continue
-        future = ts.open(desc.array_spec(record), open=True, context=storage.CONTEXT)
+        arrays.append((job_id, like_leaf, record, url))
+    _raise_misfits(problems)
+    metadata = _array_metadata(desc, [record for _, _, record, _ in arrays])
+    for _, like_leaf, record, url in arrays:  # orbax arrays: only now are shapes known
+        dtype, shape = verify.metadata_dtype_shape(metadata[record.key])
+        if isinstance(like_leaf, torch.Tensor):
+            try:
+                _check_fits(record, dtype, shape, like_leaf, url)
+            except CheckpointMismatchError as err:
+                problems.append(str(err))
+    _raise_misfits(problems)
+    # Without `like` the files decide what is allocated: refuse what cannot be, up front.
+    whole = [
+        (url, *verify.metadata_dtype_shape(metadata[record.key]))
+        for _, like_leaf, record, url in arrays
+        if like_leaf is None
+    ]
+    if whole:
+        verify.check_fits_in_memory(whole)
+    opening = []
+    for job_id, like_leaf, record, url in arrays:
+        spec = desc.array_spec(record, metadata[record.key])
+        future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
         opening.append((job_id, like_leaf, record, url, future))
-    if problems:
-        shown = "\n  ".join(problems[:10])
-        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        noun = "leaf does" if len(problems) == 1 else "leaves do"
-        raise CheckpointMismatchError(f"{len(problems)} {noun} not fit `like`:\n  {shown}{more}")
     reading = []
     for job_id, like_leaf, record, url, future in opening:
         array = _array(future, url)
-        dtype, shape = array.dtype.name, tuple(array.shape)
-        if record.dtype is not None and (dtype, shape) != (record.dtype, record.shape):
-            raise CheckpointCorruptError(
-                f"{url}/zarr.json says {dtype}{list(shape)} but {layout.TREE_FILE} says "
-                f"{record.dtype}{list(record.shape)}; the checkpoint was modified -- load an "
-                "earlier one"
-            )
-        region = ()
-        if isinstance(like_leaf, torch.Tensor):
-            _check_fits(record, dtype, shape, like_leaf, url)
-            region = _region(like_leaf, record.key)
+        region = _region(like_leaf, record.key) if isinstance(like_leaf, torch.Tensor) else ()
+        dtype, _ = verify.metadata_dtype_shape(metadata[record.key])
         reading.append((job_id, like_leaf, record, url, dtype, array[region].read()))
     for job_id, like_leaf, record, url, dtype, future in reading:
         data = _array(future, url)
@@ -308,14 +445,82 @@ def _read_all(desc: Description, jobs: list, *, inplace: bool) -> dict:
     return values
 
 
+def _raise_misfits(problems: list[str]) -> None:
+    if not problems:
+        return
+    shown = "\n  ".join(problems[:10])
+    more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+    noun = "leaf does" if len(problems) == 1 else "leaves do"
+    raise CheckpointMismatchError(f"{len(problems)} {noun} not fit `like`:\n  {shown}{more}")
+
+
+def _array_metadata(desc: Description, records: list[layout.LeafRecord]) -> dict[str, dict]:
+    """`{key: validated metadata}` of the arrays of `records`, read and checked by functrain
+    (digest, codecs, shapes and bounds) before tensorstore is given any of it."""
+    names = [desc.metadata_file(r) for r in records]
+    if desc.orbax is not None and desc.orbax["use_ocdbt"]:
+        raw = _read_ocdbt(desc, names)
+    else:
+        raw = storage.read_many(desc.loc, names, max_bytes=MAX_ARRAY_METADATA_BYTES)
+    out = {}
+    for record, name in zip(records, names):
+        url = desc.loc.file_url(name)
+        data = raw[name]
+        if desc.files is not None:
+            check_digest(desc.loc, name, data, desc.files)
+        if data is None:
+            raise CheckpointCorruptError(
+                f"{url} is missing; the array was deleted or never written -- load an earlier "
+                "checkpoint",
+                reason="metadata",
+            )
+        parsed = layout.parse_json(data, url, "array metadata")
+        array_url = desc.loc.file_url(record.key)
+        if name.endswith(".zarray"):
+            out[record.key] = verify.check_zarr2_metadata(parsed, array_url, record)
+        else:
+            out[record.key] = verify.check_array_metadata(
+                parsed, array_url, record, orbax=desc.orbax is not None
+            )
+    return out
+
+
+def _read_ocdbt(desc: Description, names: list[str]) -> dict[str, bytes | None]:
+    """Read array metadata from an orbax OCDBT database (tensorstore parses its index)."""
+    spec = {"driver": "ocdbt", "base": desc.loc.kvstore}
+    try:
+        store = ts.KvStore.open(spec, context=storage.CONTEXT).result()
+        results = [(n, store.read(n)) for n in names]
+        out = {}
+        for name, future in results:
+            result = future.result()
+            value = bytes(result.value) if result.state == "value" else None
+            if value is not None and len(value) > MAX_ARRAY_METADATA_BYTES:
+                value = b""  # refused by the JSON parser as truncated
+            out[name] = value
+        return out
+    except Exception as err:
+        raise _read_error(desc.loc.url, err, "the OCDBT database") from None
+
+
 def _array(future, url: str):
     try:
         return future.result()
     except Exception as err:
-        raise CheckpointCorruptError(
-            f"{url}: {err}. The array is missing, truncated or corrupted (checksums and chunk "
-            "presence are verified on read); load an earlier checkpoint"
-        ) from None
+        raise _read_error(url, err, "the array") from None
+
+
+def _read_error(url: str, err: Exception, what: str) -> CheckpointError:
+    if verify.storage_failure(str(err)):
+        return CheckpointStorageError(
+            f"{url}: {err}. The storage failed while reading {what} (the checkpoint may be "
+            "fine); check that it is reachable and readable, then retry"
+        )
+    return CheckpointCorruptError(
+        f"{url}: {err}. {what[0].upper()}{what[1:]} is missing, truncated or corrupted "
+        "(checksums and chunk presence are verified on read); load an earlier checkpoint",
+        reason="chunk",
+    )
 
 
 def _check_fits(record, dtype: str, shape, like_leaf: torch.Tensor, url: str) -> None:

@@ -17,15 +17,21 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import errno
 import json
 import os
 import shutil
+import stat
 import threading
 from typing import Any
 from urllib.parse import urlparse
 
 import tensorstore as ts
+
+from . import layout
+from .errors import CheckpointCorruptError, CheckpointStorageError
 
 # One context for every functrain tensorstore: `memory://` stores live as long as it does (a fresh
 # context per call would hand each call an empty memory store), and caches and I/O concurrency
@@ -85,13 +91,17 @@ class Location:
         kvstore = {**self.kvstore, "path": path}
         return Location(url=url, scheme=self.scheme, kvstore=kvstore, fsync=self.fsync)
 
-    def sibling(self, name: str) -> Location:
-        """The directory `name` next to this one."""
+    @property
+    def parent(self) -> Location:
+        """The directory that holds this one."""
         parent_path = self.kvstore["path"].rstrip("/").rsplit("/", 1)[0] + "/"
         parent_url = self.url.rstrip("/").rsplit("/", 1)[0]
         kvstore = {**self.kvstore, "path": parent_path}
-        parent = Location(parent_url, self.scheme, kvstore, self.fsync)
-        return parent.child(name)
+        return Location(parent_url, self.scheme, kvstore, self.fsync)
+
+    def sibling(self, name: str) -> Location:
+        """The directory `name` next to this one."""
+        return self.parent.child(name)
 
     def file_url(self, name: str) -> str:
         """The URL of the file (or zarr array directory) `name` inside this directory."""
@@ -199,22 +209,101 @@ def kvstore(loc: Location) -> ts.KvStore:
     return store
 
 
-def read_bytes(loc: Location, name: str) -> bytes | None:
-    """The content of the file `name` in `loc`, or None when it does not exist."""
+def read_bytes(loc: Location, name: str, max_bytes: int | None = None) -> bytes | None:
+    """The content of the file `name` in `loc`, or None when it does not exist.
+
+    Checkpoint files are untrusted: on local disks a symlink is not followed and anything but
+    a regular file (a FIFO would block the read forever) is refused; a file longer than
+    `max_bytes` (default `layout.MAX_JSON_BYTES`) is refused before it is read.
+
+    Raises:
+        CheckpointCorruptError: an unsafe or oversized file.
+        CheckpointStorageError: the storage failed (permissions, I/O errors, unreachable).
+    """
+    limit = layout.MAX_JSON_BYTES if max_bytes is None else max_bytes
+    url = loc.file_url(name)
     if loc.is_local:
-        try:
-            with open(os.path.join(loc.local_path, name), "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-    result = kvstore(loc).read(name).result()
-    return bytes(result.value) if result.state == "value" else None
+        return _read_local(os.path.join(loc.local_path, name), url, limit)
+    try:
+        # (tensorstore's byte ranges must lie inside the object, so they cannot cap the read:
+        # an oversized object is read, then refused.)
+        result = kvstore(loc).read(name).result()
+    except Exception as err:
+        raise CheckpointStorageError(
+            f"reading {url} failed: {err}; check that the storage is reachable and readable, "
+            "then retry"
+        ) from None
+    if result.state != "value":
+        return None
+    if len(result.value) > limit:
+        raise _too_large(url, limit)
+    return bytes(result.value)
+
+
+def _read_local(path: str, url: str, limit: int) -> bytes | None:
+    try:
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise CheckpointCorruptError(
+                f"{url} is a symbolic link; a checkpoint's files must be regular files (a link "
+                "could point outside it) -- replace it by the file itself or load another one",
+                reason="unsafe",
+            ) from None
+        raise CheckpointStorageError(f"cannot open {url}: {err}; check its permissions") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointCorruptError(
+                f"{url} is not a regular file (a FIFO, socket or device: reading it could block "
+                "or read what is not the checkpoint); load another checkpoint",
+                reason="unsafe",
+            )
+        if info.st_size > limit:
+            raise _too_large(url, limit)
+        chunks, size = [], 0
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                break
+            size += len(block)
+            if size > limit:  # it grew while being read
+                raise _too_large(url, limit)
+            chunks.append(block)
+        return b"".join(chunks)
+    except OSError as err:
+        raise CheckpointStorageError(f"reading {url} failed: {err}; check the disk") from None
+    finally:
+        os.close(fd)
+
+
+def _too_large(url: str, limit: int) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"{url} is larger than {limit} bytes, more than any checkpoint metadata file; it is "
+        "corrupted or crafted -- load an earlier checkpoint",
+        reason="metadata",
+    )
+
+
+def read_many(loc: Location, names: list[str], max_bytes: int | None = None) -> dict:
+    """`{name: bytes or None}` of several files of `loc`, read concurrently on object stores."""
+    if loc.is_local or len(names) < 2:
+        return {name: read_bytes(loc, name, max_bytes) for name in names}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+        return dict(zip(names, pool.map(lambda n: read_bytes(loc, n, max_bytes), names)))
 
 
 def exists(loc: Location, name: str) -> bool:
-    """True when the file `name` exists in `loc`."""
+    """True when the file `name` exists in `loc` (locally: the entry itself, links not followed)."""
     if loc.is_local:
-        return os.path.isfile(os.path.join(loc.local_path, name))
+        try:
+            return not stat.S_ISDIR(os.lstat(os.path.join(loc.local_path, name)).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
     return read_bytes(loc, name) is not None
 
 
@@ -234,6 +323,50 @@ def write_bytes(loc: Location, name: str, data: bytes) -> None:
     kvstore(loc).write(name, data).result()
 
 
+def write_many(loc: Location, files: dict[str, bytes]) -> None:
+    """Write several files of `loc` (concurrently on object stores); names may hold one '/'
+    level of directories (`params.w/zarr.json`). Local files are written in place (the
+    checkpoint directory is renamed as a whole when committed) and fsynced."""
+    if loc.is_local:
+        made = set()
+        for name, data in files.items():
+            path = os.path.join(loc.local_path, name)
+            folder = os.path.dirname(path)
+            if folder not in made:
+                os.makedirs(folder, exist_ok=True)
+                made.add(folder)
+            with open(path, "wb") as f:
+                f.write(data)
+                if loc.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        if loc.fsync:
+            for folder in made:
+                fsync_dir(folder)
+        return
+    store = kvstore(loc)
+    for future in [store.write(name, data) for name, data in files.items()]:
+        future.result()
+
+
+def read_versioned(loc: Location, name: str) -> tuple[bytes | None, bytes]:
+    """`(content or None, generation)` of an object, for a later `write_if` (object stores)."""
+    result = kvstore(loc).read(name).result()
+    value = bytes(result.value) if result.state == "value" else None
+    return value, result.stamp.generation
+
+
+def write_if(loc: Location, name: str, data: bytes | None, generation: bytes) -> bytes | None:
+    """Write (or delete, `data=None`) an object only if it is still at `generation` (from
+    `read_versioned`; that of a missing object means "only if absent").
+
+    Returns:
+        the new generation, or None when the object changed in between (nothing written).
+    """
+    result = kvstore(loc).write(name, data, if_equal=generation).result()
+    return result.generation or None
+
+
 def list_keys(loc: Location) -> list[str]:
     """Every file below `loc`, as paths relative to it."""
     if loc.is_local:
@@ -250,7 +383,8 @@ def list_dirs(loc: Location) -> list[str]:
     """The names of the subdirectories directly inside `loc`."""
     if loc.is_local:
         try:
-            return [e.name for e in os.scandir(loc.local_path) if e.is_dir()]
+            # Links are not followed: a symlinked step directory is not part of the root.
+            return [e.name for e in os.scandir(loc.local_path) if e.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
             return []
     return sorted({k.split("/", 1)[0] for k in list_keys(loc) if "/" in k})
@@ -279,6 +413,22 @@ def make_dir(loc: Location) -> None:
     """Create `loc` (local only; object stores have no directories)."""
     if loc.is_local:
         os.makedirs(loc.local_path, exist_ok=True)
+
+
+def copy_dir(src: Location, dst: Location) -> None:
+    """Copy every object below `src` to `dst` (object stores have no rename)."""
+    keys = list_keys(src)
+    source, target = kvstore(src), kvstore(dst)
+    for start in range(0, len(keys), 64):
+        batch = keys[start : start + 64]
+        reads = [(key, source.read(key)) for key in batch]
+        writes = []
+        for key, future in reads:
+            result = future.result()
+            if result.state == "value":
+                writes.append(target.write(key, result.value))
+        for future in writes:
+            future.result()
 
 
 def rename_dir(src: Location, dst: Location) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,7 @@ import numpy as np
 import tensorstore as ts
 import torch
 
-from . import layout, storage
+from . import layout, storage, verify
 from .errors import CheckpointError
 
 # Staging lives in `staging`; its names are re-exported so `writer.stage(...)` keeps working.
@@ -46,29 +47,24 @@ __all__ = [
     "dist_info",
     "empty_nodes",
     "leaf_paths",
+    "max_over_ranks",
     "save",
+    "share_text",
     "stage",
     "write",
 ]
 
-_ZARR_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
-
 
 def array_spec(loc: storage.Location, record: layout.LeafRecord) -> dict:
-    """The tensorstore spec of a leaf's zarr3 array inside checkpoint directory `loc`."""
+    """The tensorstore spec of a leaf's zarr3 array inside checkpoint directory `loc`.
+
+    The metadata is functrain's own (`verify.array_metadata`); rank 0 writes it as zarr.json
+    and every writer opens the array assuming it, so tensorstore never reads it back.
+    """
     return {
         "driver": "zarr3",
         "kvstore": loc.child(record.key).kvstore,
-        "metadata": {
-            "shape": list(record.shape),
-            "data_type": record.dtype,
-            "chunk_grid": {
-                "name": "regular",
-                "configuration": {"chunk_shape": list(record.chunks)},
-            },
-            "chunk_key_encoding": {"name": "default"},
-            "codecs": _ZARR_CODECS,
-        },
+        "metadata": verify.array_metadata(record),
         # Write chunks even when they equal the fill value, so that a missing chunk file always
         # means damage (loads use fill_missing_data_reads=False and fail on it).
         "store_data_equal_to_fill_value": True,
@@ -100,6 +96,38 @@ def agree(ok: bool, group=None) -> bool:
     return int(flag.item()) == 0
 
 
+def _device(group) -> str:
+    return "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
+
+
+def max_over_ranks(value: int, group=None) -> int:
+    """The largest of every rank's `value` (a barrier too)."""
+    _, world = dist_info(group)
+    if world == 1:
+        return value
+    flag = torch.tensor([value], dtype=torch.int64, device=_device(group))
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
+    return int(flag.item())
+
+
+def share_text(text: str | None, group=None) -> str | None:
+    """Rank 0's `text` (or None) on every rank of `group` (bytes, not pickle)."""
+    rank, world = dist_info(group)
+    if world == 1:
+        return text
+    device = _device(group)
+    data = b"" if text is None or rank != 0 else text.encode()
+    size = torch.tensor([len(data) + 1 if rank == 0 and text is not None else 0], device=device)
+    torch.distributed.all_reduce(size, group=group)
+    if int(size.item()) == 0:
+        return None
+    buffer = torch.zeros(int(size.item()) - 1, dtype=torch.uint8, device=device)
+    if rank == 0 and data:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    torch.distributed.all_reduce(buffer, group=group)
+    return bytes(buffer.cpu().tolist()).decode()
+
+
 def _phase(fn: Callable[[], None], group, what: str, url: str) -> None:
     """Run `fn` on this rank, then make every rank fail if any rank failed."""
     error = None
@@ -125,6 +153,8 @@ def write(
     group=None,
     overwrite: bool = False,
     before_write: Callable[[], None] | None = None,
+    before_commit: Callable[[], None] | None = None,
+    owner: dict | None = None,
 ) -> str:
     """Write a staged state as the checkpoint `loc` and commit it.
 
@@ -135,6 +165,10 @@ def write(
         overwrite: replace a committed checkpoint already at `loc` (it stays intact until the new
             one is committed on file systems).
         before_write: run on rank 0 before anything is written (the manager's clean-up).
+        before_commit: run on rank 0 just before the commit marker is written (the manager
+            checks that it still holds its root's lease); an error aborts the commit.
+        owner: who writes, recorded in COMMIT.json (the manager's lease identity); by default
+            this host and process.
     Returns:
         the checkpoint's URL.
     Raises:
@@ -161,11 +195,12 @@ def write(
 
     _phase(prepare, group, "preparing", loc.url)
     scalar_arrays: set[str] = set()
-    _phase(lambda: _write_arrays(staged, work, scalar_arrays), group, "writing", loc.url)
+    files: dict[str, str] = {}  # digests of the metadata files, for COMMIT.json
+    _phase(lambda: _write_arrays(staged, work, scalar_arrays, files), group, "writing", loc.url)
 
     def commit():
         if rank == 0:
-            _commit(staged, work, scalar_arrays, started)
+            _commit(staged, work, scalar_arrays, started, files, owner, before_commit)
             if loc.is_local:
                 _move_into_place(work, loc)
 
@@ -173,48 +208,62 @@ def write(
     return loc.url
 
 
-def _write_arrays(staged: Staged, work: storage.Location, scalar_arrays: set[str]) -> None:
-    pending = []  # (url, future) so an error names the array it hit
+def _write_arrays(
+    staged: Staged, work: storage.Location, scalar_arrays: set[str], files: dict[str, str]
+) -> None:
+    """Write this rank's shards; rank 0 also writes every zarr.json (digests into `files`)."""
+    arrays = []  # (record, data item) of every array this rank opens
     for item in staged.leaves:
         record = item.record
         if record.kind == "tensor":
-            spec = array_spec(work, record)
-            if staged.rank == 0:  # rank 0 writes zarr.json; other writers assume it
-                future = ts.open(spec, create=True, context=storage.CONTEXT)
-            elif item.data is not None:
-                future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
-            else:
-                continue
-            pending.append((work.file_url(record.key), future, item))
+            if staged.rank == 0 or item.data is not None:
+                arrays.append((record, item))
         elif staged.rank == 0 and record.kind != "str":
             value = _scalar_array(record.value)
             if value is None:
                 continue
-            spec = {
-                "driver": "zarr3",
-                "kvstore": work.child(record.key).kvstore,
-                "metadata": {
-                    "shape": [],
-                    "data_type": value.dtype.name,
-                    "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": []}},
-                    "codecs": _ZARR_CODECS,
-                },
-                "store_data_equal_to_fill_value": True,
-            }
-            item = StagedLeaf(record, (), value)
-            future = ts.open(spec, create=True, context=storage.CONTEXT)
-            pending.append((work.file_url(record.key), future, item))
+            scalar = layout.LeafRecord(
+                path=record.path,
+                key_types=record.key_types,
+                kind="tensor",
+                dtype=value.dtype.name,
+                shape=(),
+                chunks=(),
+            )
+            arrays.append((scalar, StagedLeaf(scalar, (), value)))
             scalar_arrays.add(record.key)
+    if staged.rank == 0:
+        metadata = {
+            layout.array_metadata_file(r.key): verify.encode(verify.array_metadata(r))
+            for r, _ in arrays
+        }
+        _result_of(lambda: storage.write_many(work, metadata), work.url, "writing metadata of")
+        files.update({name: layout.digest(data) for name, data in metadata.items()})
+    pending = []  # (url, future, item) so an error names the array it hit
+    for record, item in arrays:
+        if item.data is None:
+            continue
+        spec = array_spec(work, record)
+        future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
+        pending.append((work.file_url(record.key), future, item))
     writes = []
     for url, future, item in pending:
-        array = _result(future, url, "creating")
-        if item.data is not None:
-            # No copy into tensorstore's buffers: the data is either staged (ours until the next
-            # save) or the caller's tensors, which a synchronous save holds until committed.
-            write = array[item.region].write(item.data, can_reference_source_data_indefinitely=True)
-            writes.append((url, write))
+        array = _result(future, url, "opening")
+        # No copy into tensorstore's buffers: the data is either staged (ours until the next
+        # save) or the caller's tensors, which a synchronous save holds until committed.
+        write = array[item.region].write(item.data, can_reference_source_data_indefinitely=True)
+        writes.append((url, write))
     for url, future in writes:
         _result(future, url, "writing")
+
+
+def _result_of(fn: Callable[[], None], url: str, what: str) -> None:
+    try:
+        fn()
+    except Exception as err:
+        raise CheckpointError(
+            f"{what} {url} failed: {err}; check that the storage is writable and has space"
+        ) from err
 
 
 def _result(future, url: str, what: str):
@@ -226,15 +275,23 @@ def _result(future, url: str, what: str):
         ) from err
 
 
-def _commit(staged: Staged, work: storage.Location, scalar_arrays: set[str], started) -> None:
+def _commit(
+    staged: Staged,
+    work: storage.Location,
+    scalar_arrays: set[str],
+    started: float,
+    files: dict[str, str],
+    owner: dict | None,
+    before_commit: Callable[[], None] | None,
+) -> None:
     records = [item.record for item in staged.leaves]
     tree_bytes = layout.dump_json(layout.tree_description(records, staged.treedef, staged.step))
-    storage.write_bytes(work, layout.TREE_FILE, tree_bytes)
+    metadata = {layout.TREE_FILE: tree_bytes}
     orbax = layout.orbax_metadata(records, scalar_arrays, staged.empty_nodes)
-    storage.write_bytes(work, layout.ORBAX_METADATA, layout.dump_json(orbax))
+    metadata[layout.ORBAX_METADATA] = layout.dump_json(orbax)
     strings = {r.key: r.value for r in records if r.kind == "str"}
     if strings:
-        storage.write_bytes(work, layout.ORBAX_STRINGS, layout.dump_json(strings))
+        metadata[layout.ORBAX_STRINGS] = layout.dump_json(strings)
     now_ns = time.time_ns()
     orbax_step = {
         "item_handlers": "orbax.checkpoint._src.handlers.pytree_checkpoint_handler."
@@ -245,10 +302,10 @@ def _commit(staged: Staged, work: storage.Location, scalar_arrays: set[str], sta
         "commit_timestamp_nsecs": now_ns,
         "custom_metadata": {},
     }
-    storage.write_bytes(work, layout.ORBAX_CHECKPOINT_METADATA, layout.dump_json(orbax_step))
-    storage.write_bytes(
-        work, layout.ORBAX_COMMIT, f"Checkpoint commit was successful to {work.url}".encode()
-    )
+    metadata[layout.ORBAX_CHECKPOINT_METADATA] = layout.dump_json(orbax_step)
+    metadata[layout.ORBAX_COMMIT] = f"Checkpoint commit was successful to {work.url}".encode()
+    for name, data in metadata.items():
+        storage.write_bytes(work, name, data)
     commit = {
         "format": layout.FORMAT,
         "version": layout.VERSION,
@@ -257,10 +314,19 @@ def _commit(staged: Staged, work: storage.Location, scalar_arrays: set[str], sta
         "world_size": staged.world_size,
         "timestamp": staged.timestamp,
         "tree_blake2b": layout.digest(tree_bytes),
+        # Every other metadata file the reader trusts, under the same kind of digest.
+        "files": {**files, **{n: layout.digest(d) for n, d in metadata.items()}},
+        "writer": owner if owner is not None else _this_process(),
     }
+    if before_commit is not None:
+        before_commit()
     storage.write_bytes(work, layout.COMMIT_FILE, layout.dump_json(commit))  # last: the commit
     if work.is_local and work.fsync:
         storage.fsync_dir(work.local_path)
+
+
+def _this_process() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
 def _move_into_place(work: storage.Location, loc: storage.Location) -> None:
