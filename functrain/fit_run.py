@@ -23,7 +23,7 @@ import torch
 
 from . import fit_report as report
 from .batching import to_device
-from .data import DataSource
+from .data import DataSource, place
 from .evaluation import describe_batch, dp_info, run_eval, state_device
 from .events import Context, Event, dispatch, unique_names
 from .fit_options import FitOptions, FitResult
@@ -357,7 +357,7 @@ class FitRun:
         """An evaluation set with a length of 0 on every rank fails now, not after training."""
         for name, data in self.options.eval_sets.items():
             try:
-                count = len(data)
+                count = len(place(data, self.rank, self.world_size))  # this rank's part
             except TypeError:
                 continue  # unsized: checked when evaluated
             _no_eval_batches(name, _sum_over_ranks(count))
@@ -369,7 +369,7 @@ class FitRun:
         if self.options.eval_state_fn is not None:
             state = self.options.eval_state_fn(state)
         for name, data in self.options.eval_sets.items():
-            counted = _Counted(data)
+            counted = _Counted(place(data, self.rank, self.world_size))  # this rank's part
             values = run_eval(
                 self.step,
                 state,

@@ -191,17 +191,25 @@ def _clear_captured_defaults() -> None:
 
 def _clear_mesh_registries() -> None:
     """Empty every live DeviceMesh's group registry (meshes are unusable once their groups are
-    destroyed; a child mesh shares its root's registry). A heap walk, so only done when needed."""
+    destroyed; a child mesh shares its root's registry) and the groups a live `Layout` keeps
+    (a state still referenced at exit holds its layout). A heap walk, so only done when needed."""
     try:
         from torch.distributed.device_mesh import DeviceMesh
     except ImportError:
         return
+    layout_module = sys.modules.get("functrain.parallel.layout")
+    layout_type = getattr(layout_module, "Layout", None)
     for obj in gc.get_objects():
         # The MRO test, not isinstance: DeviceMesh's metaclass runs Python per check.
-        if DeviceMesh in type(obj).__mro__:
+        mro = type(obj).__mro__
+        if DeviceMesh in mro:
             registry = getattr(obj, "_pg_registry", None)
             if isinstance(registry, dict):
                 registry.clear()
+        elif layout_type is not None and layout_type in mro:
+            groups = getattr(obj, "_groups", None)
+            if isinstance(groups, dict):
+                groups.clear()  # the layout is unusable now, as its mesh is
 
 
 def _quiesce_gloo_workers(limit_s: float) -> None:
