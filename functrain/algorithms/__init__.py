@@ -14,6 +14,7 @@ Example:
 import importlib
 
 from ..step import Algorithm
+from .activation_checkpointing import activation_checkpointing
 from .alibi import alibi
 from .ema import EMAState, ema, ema_params, swap_in_ema
 from .gradient_clipping import gradient_clipping
@@ -40,6 +41,7 @@ from .swa import SWAState, swa, swa_params
 
 __all__ = [
     "Algorithm",
+    "activation_checkpointing",
     "EMAState",
     "SWAState",
     "alibi",

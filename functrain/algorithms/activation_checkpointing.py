@@ -1,0 +1,289 @@
+"""Activation checkpointing: chosen blocks keep only their inputs; backward recomputes the rest.
+
+`activation_checkpointing(Block)` wraps the step's `loss` piece. While the loss runs, each chosen
+module is called through `torch.utils.checkpoint.checkpoint` (non-reentrant): the forward pass
+keeps the module's inputs, not its intermediate activations, and the backward pass runs the
+module again to get them back. Nothing is stored in the state and the model is not changed
+(the module is swapped for a parameterless stand-in in its parent only while the loss runs), so
+a run resumes exactly and checkpoints are the same with and without it.
+
+Three things make the recomputation see what the forward pass saw:
+
+- the tensors: the step runs the model under `torch.func.functional_call`, which has put the
+  state's tensors back by the time the backward pass recomputes. The stand-in records the
+  module's parameters and buffers at forward time and installs them again for the
+  recomputation (buffers as copies: BatchNorm's running statistics are updated once, not twice);
+- gather at use: under `fsdp(reshard_after_forward=True)` those parameters are this rank's
+  shards ("placeholders"); the recomputation installs the module hooks that gather them again
+  (`parallel.reshard.gathering_modules`), and the gradients still flow through the forward
+  pass's gathers, so each bucket is reduced once;
+- random numbers: checkpoint restores the global generator to its state at forward time
+  (`preserve_rng_state`); the step seeds that generator from the run's counter-based key, so
+  dropout draws the same mask twice, and a resumed run the same masks as an uninterrupted one.
+
+Example:
+    >>> algorithm = activation_checkpointing("Block")                  # every GPT block
+    >>> algorithm = activation_checkpointing("Block", every=2)         # every 2nd block
+    >>> algorithm = activation_checkpointing(names="blocks.*", policy="selective")
+    >>> step = functrain.compose(functrain.make_step(model, gpt_loss, opt), algorithm)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils import checkpoint as torch_checkpoint
+
+from ..model_calls import ModelCalls
+from ..parallel import reshard
+from ..step import Algorithm, StepPieces
+
+POLICIES = ("full", "selective")
+
+_aten = torch.ops.aten
+# The ops whose outputs selective checkpointing keeps (torchtitan's choice, without its
+# every-other-matmul rule): the matmuls and attention are what is expensive to recompute; the
+# elementwise ops around them (norms, activations, dropout, adds) are cheap.
+DEFAULT_SAVE_OPS = frozenset(
+    op
+    for op in (
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten.bmm.default,
+        _aten.baddbmm.default,
+        _aten._scaled_dot_product_flash_attention.default,
+        _aten._scaled_dot_product_efficient_attention.default,
+        _aten._scaled_dot_product_cudnn_attention.default,
+        _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    )
+)
+
+
+def selective_policy(save_ops: Iterable = DEFAULT_SAVE_OPS) -> Callable:
+    """The per-op decision of selective checkpointing: keep `save_ops`' outputs, recompute the
+    rest (for `torch.utils.checkpoint.create_selective_checkpoint_contexts`)."""
+    keep = frozenset(save_ops)
+    must_save, recompute = (
+        torch_checkpoint.CheckpointPolicy.MUST_SAVE,
+        torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE,
+    )
+
+    def policy(ctx, op, *args, **kwargs):
+        return must_save if op in keep else recompute
+
+    return policy
+
+
+def _matcher(target, names) -> Callable[[str, torch.nn.Module], bool]:
+    if target is None and names is None:
+        raise ValueError(
+            "activation_checkpointing needs to know which modules to recompute: give a class or "
+            "class name (activation_checkpointing('Block')), a tuple of them, a function "
+            "(name, module) -> bool, or names='blocks.*' (fnmatch patterns of module names)"
+        )
+    if callable(target) and not isinstance(target, type):
+        check = target
+    else:
+        targets = target if isinstance(target, tuple) else (() if target is None else (target,))
+        for t in targets:
+            if not isinstance(t, (str, type)):
+                raise TypeError(
+                    f"activation_checkpointing target must be a module class or class name, "
+                    f"got {t!r}"
+                )
+        classes = tuple(t for t in targets if isinstance(t, type))
+        class_names = frozenset(t for t in targets if isinstance(t, str))
+
+        def check(name: str, module: torch.nn.Module) -> bool:
+            return isinstance(module, classes) or type(module).__name__ in class_names
+
+    patterns = (names,) if isinstance(names, str) else tuple(names or ())
+
+    def matches(name: str, module: torch.nn.Module) -> bool:
+        if patterns and any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            return True
+        return (target is not None) and bool(check(name, module))
+
+    return matches
+
+
+def chosen_modules(model: torch.nn.Module, matches, every: int = 1) -> list[str]:
+    """The qualified names of the modules to recompute: the outermost matches (a match inside
+    another is covered by it), then every `every`-th of them, counting from 1 (torchtitan's
+    `ac_freq`: with every=2 the 2nd, 4th, ... blocks)."""
+    found: list[str] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(outer + ".") for outer in found):
+            continue
+        if matches(name, module):
+            found.append(name)
+    return [name for i, name in enumerate(found, start=1) if i % every == 0]
+
+
+class _Recomputed(torch.nn.Module):
+    """Stands in for `inner` in its parent while the loss runs: calls it under checkpoint.
+
+    `inner` is held outside `_modules`, so the stand-in has no parameters of its own and the
+    hooks that gather parameters at use see only `inner`'s.
+    """
+
+    def __init__(self, inner: torch.nn.Module, context_fn: Callable | None):
+        super().__init__()
+        object.__setattr__(self, "inner", inner)
+        object.__setattr__(self, "make_contexts", context_fn)
+        self.training = inner.training
+
+    def forward(self, *args, **kwargs):
+        inner = self.inner
+        if not torch.is_grad_enabled():  # evaluation: nothing to save, nothing to recompute
+            return inner(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            # compile_step: AOTAutograd recomputes inside the compiled backward, with the graph's
+            # own inputs; the tensors and hooks of the eager path are not needed (or traceable).
+            context_fn = self.make_contexts or torch_checkpoint.noop_context_fn
+            return torch_checkpoint.checkpoint(
+                inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs
+            )
+        tensors = _module_tensors(inner)
+        inflight = reshard.active_inflight()
+        make_contexts = self.make_contexts
+
+        def contexts():
+            forward_ctx, recompute_ctx = (
+                make_contexts()
+                if make_contexts
+                else (contextlib.nullcontext(), contextlib.nullcontext())
+            )
+            return forward_ctx, _recomputing(tensors, inflight, recompute_ctx)
+
+        return torch_checkpoint.checkpoint(
+            inner, *args, use_reentrant=False, context_fn=contexts, **kwargs
+        )
+
+
+def _module_tensors(module: torch.nn.Module) -> list[tuple[dict, str, torch.Tensor, bool]]:
+    """`(owner's dict, name, tensor, is_buffer)` for every parameter and buffer under `module`,
+    as they are now (the tensors `functional_call` or a gather at use installed)."""
+    out = []
+    for sub in module.modules():
+        for name, tensor in sub._parameters.items():
+            if tensor is not None:
+                out.append((sub._parameters, name, tensor, False))
+        for name, tensor in sub._buffers.items():
+            if tensor is not None:
+                out.append((sub._buffers, name, tensor, True))
+    return out
+
+
+@contextlib.contextmanager
+def _recomputing(tensors, inflight, inner_ctx) -> Iterator[None]:
+    """The forward pass's tensors installed again, and gathering at use, for a recomputation."""
+    previous = [(owner, name, owner[name]) for owner, name, _, _ in tensors]
+    try:
+        for owner, name, tensor, is_buffer in tensors:
+            owner[name] = tensor.clone() if is_buffer else tensor
+        with reshard.gathering_modules(inflight), inner_ctx:
+            yield
+    finally:
+        for owner, name, tensor in previous:
+            owner[name] = tensor
+
+
+@contextlib.contextmanager
+def recomputing_modules(
+    model: torch.nn.Module, names: list[str], context_fn: Callable | None = None
+) -> Iterator[None]:
+    """While active, the modules of `model` named in `names` run under checkpoint.
+
+    Args:
+        model: the model the loss calls.
+        names: qualified module names (`chosen_modules`).
+        context_fn: `() -> (forward_ctx, recompute_ctx)` (selective checkpointing), or None.
+    """
+    swapped = []
+    try:
+        for name in names:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            inner = parent._modules[child]
+            parent._modules[child] = _Recomputed(inner, context_fn)
+            swapped.append((parent, child, inner))
+        yield
+    finally:
+        for parent, child, inner in reversed(swapped):
+            parent._modules[child] = inner
+
+
+def _module_of(model: Any) -> torch.nn.Module:
+    if isinstance(model, torch.nn.Module):
+        return model
+    if isinstance(model, ModelCalls) and isinstance(model.module, torch.nn.Module):
+        return model.module
+    raise TypeError(
+        "activation_checkpointing needs the loss to receive the model as an nn.Module; "
+        f"got {type(model).__name__}. Compose activation_checkpointing last (outermost)."
+    )
+
+
+def activation_checkpointing(
+    target=None,
+    *,
+    names: str | Iterable[str] | None = None,
+    every: int = 1,
+    policy: str = "full",
+    save_ops: Iterable | None = None,
+) -> Algorithm:
+    """Recompute chosen modules' activations in the backward pass instead of keeping them.
+
+    Args:
+        target: the modules to recompute: a class, a class name ("Block"), a tuple of them, or a
+            function `(qualified_name, module) -> bool`. Matches inside a match are covered by
+            it (only the outermost is checkpointed).
+        names: fnmatch patterns of qualified module names ("blocks.*"), alone or beside `target`.
+        every: checkpoint every `every`-th matched module (1: all; 2: the 2nd, 4th, ...).
+        policy: "full" (keep only each module's inputs) or "selective" (also keep the outputs
+            of `save_ops`, recompute the cheap ops between them).
+        save_ops: the aten ops whose outputs selective checkpointing keeps (default: matmuls and
+            attention, `DEFAULT_SAVE_OPS`).
+    Returns:
+        the `Algorithm` "activation_checkpointing" (no state; exactly resumable).
+    Example:
+        >>> step = functrain.compose(step, activation_checkpointing(Block, every=2))
+    """
+    matches = _matcher(target, names)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be a positive int (1: every matched module), got {every!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if save_ops is not None and policy != "selective":
+        raise ValueError("save_ops is for policy='selective'; drop it or set policy='selective'")
+    context_fn = None
+    if policy == "selective":
+        op_policy = selective_policy(DEFAULT_SAVE_OPS if save_ops is None else save_ops)
+
+        def context_fn():
+            return torch_checkpoint.create_selective_checkpoint_contexts(op_policy)
+
+    def apply(pieces: StepPieces) -> StepPieces:
+        inner = pieces.loss
+
+        def loss(model, batch):
+            module = _module_of(model)
+            # A walk over the module names per call (no cache keyed by object identity).
+            names_here = chosen_modules(module, matches, every)
+            if not names_here:
+                raise ValueError(
+                    "activation_checkpointing matched no module of "
+                    f"{type(module).__name__}; check target/names (module names look "
+                    f"like {[n for n, _ in module.named_modules() if n][:4]})"
+                )
+            with recomputing_modules(module, names_here, context_fn):
+                return inner(model, batch)
+
+        return pieces._replace(loss=loss)
+
+    return Algorithm(name="activation_checkpointing", apply=apply)
