@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -144,9 +145,10 @@ class _Recomputed(torch.nn.Module):
         if torch.compiler.is_compiling():
             # compile_step: AOTAutograd recomputes inside the compiled backward, with the graph's
             # own inputs; the tensors and hooks of the eager path are not needed (or traceable).
-            context_fn = self.make_contexts or torch_checkpoint.noop_context_fn
+            if self.make_contexts is None:
+                return torch_checkpoint.checkpoint(inner, *args, use_reentrant=False, **kwargs)
             return torch_checkpoint.checkpoint(
-                inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs
+                inner, *args, use_reentrant=False, context_fn=self.make_contexts, **kwargs
             )
         tensors = _module_tensors(inner)
         inflight = reshard.active_inflight()
@@ -221,8 +223,12 @@ def recomputing_modules(
 def _module_of(model: Any) -> torch.nn.Module:
     if isinstance(model, torch.nn.Module):
         return model
-    if isinstance(model, ModelCalls) and isinstance(model.module, torch.nn.Module):
-        return model.module
+    if isinstance(model, ModelCalls):
+        # its `module` is where attribute lookups go (not an attribute itself: `.module` reaches
+        # the model's own attributes)
+        module = vars(model).get("_module")
+        if isinstance(module, torch.nn.Module):
+            return module
     raise TypeError(
         "activation_checkpointing needs the loss to receive the model as an nn.Module; "
         f"got {type(model).__name__}. Compose activation_checkpointing last (outermost)."
@@ -264,9 +270,10 @@ def activation_checkpointing(
     context_fn = None
     if policy == "selective":
         op_policy = selective_policy(DEFAULT_SAVE_OPS if save_ops is None else save_ops)
-
-        def context_fn():
-            return torch_checkpoint.create_selective_checkpoint_contexts(op_policy)
+        # a partial of torch's own function: the form torch.compile accepts as a context_fn
+        context_fn = functools.partial(
+            torch_checkpoint.create_selective_checkpoint_contexts, op_policy
+        )
 
     def apply(pieces: StepPieces) -> StepPieces:
         inner = pieces.loss
