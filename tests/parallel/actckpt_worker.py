@@ -17,6 +17,7 @@ import torch
 import functrain
 from functrain import parallel as fdist
 from functrain.algorithms import activation_checkpointing
+from functrain.callbacks import ActivationMonitor
 from functrain.checkpoint import Manager
 from functrain.models.gpt import GPT, GPTConfig, gpt_loss
 from functrain.parallel import plans as fplans
@@ -128,6 +129,40 @@ def fit_resume(mesh, root) -> dict:
     }
 
 
+class Recorder:
+    def __init__(self):
+        self.merged = {}
+
+    def log_metrics(self, metrics, step):
+        self.merged.update({k: v for k, v in metrics.items() if k.startswith("activations/")})
+
+
+def monitored(mesh) -> dict:
+    """ActivationMonitor's numbers after one batch (checkpointing on when `mesh` is given)."""
+    net = model()
+    opt = functrain.optim.adamw(1e-2)
+    if mesh is None:
+        state = functrain.init(net, opt, seed=0, plan="local")
+        step = functrain.make_step(net, gpt_loss, opt)
+    else:
+        state = functrain.init(net, opt, seed=0, mesh=mesh, plan=RESHARD)
+        step = functrain.compose(
+            functrain.make_step(net, gpt_loss, opt), activation_checkpointing("Block")
+        )
+    x, y = batches(1)[0]
+    recorder = Recorder()
+    functrain.fit(step, state, functrain.data.Loader(torch.utils.data.TensorDataset(x, y), BATCH),
+                  duration="1ba", callbacks=[ActivationMonitor(net, interval="1ba")],
+                  loggers=[recorder], progress=False)  # fmt: skip
+    return recorder.merged
+
+
+def monitor_error(mesh) -> dict:
+    sharded, alone = monitored(mesh), monitored(None)
+    worst = max(abs(sharded[k] - alone[k]) / max(1.0, abs(alone[k])) for k in alone)
+    return {"same_keys": sorted(sharded) == sorted(alone), "keys": len(alone), "error": worst}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -150,6 +185,7 @@ def main(argv=None) -> int:
         "none": gathers_per_step(mesh, None),
         "full": gathers_per_step(mesh, ALGORITHMS["full"]()),
     }
+    results["monitor"] = monitor_error(mesh)
     results["resume"] = fit_resume(mesh, args.dir)
     if rank == 0:
         with open(args.out, "w") as f:

@@ -49,3 +49,9 @@ def test_an_interrupted_fit_resumes_bit_identically(results):
     resume = results["resume"]
     assert resume["resumed_from"].endswith("step_000000004")
     assert resume["identical"], resume
+
+
+def test_activation_monitor_on_two_ranks_logs_the_global_batchs_statistics(results):
+    monitor = results["monitor"]
+    assert monitor["same_keys"] and monitor["keys"] > 100, monitor
+    assert monitor["error"] <= TOLERANCE, monitor
