@@ -79,7 +79,7 @@ def selective_policy(save_ops: Iterable = DEFAULT_SAVE_OPS) -> Callable:
     return policy
 
 
-def _matcher(target, names) -> Callable[[str, torch.nn.Module], bool]:
+def module_matcher(target, names) -> Callable[[str, torch.nn.Module], bool]:
     if target is None and names is None:
         raise ValueError(
             "activation_checkpointing needs to know which modules to recompute: give a class or "
@@ -117,7 +117,7 @@ def chosen_modules(model: torch.nn.Module, matches, every: int = 1) -> list[str]
     another is covered by it), then every `every`-th of them, counting from 1 (torchtitan's
     `ac_freq`: with every=2 the 2nd, 4th, ... blocks)."""
     found: list[str] = []
-    for name, module in model.named_modules():
+    for name, module in named_real_modules(model):
         if not name or any(name.startswith(outer + ".") for outer in found):
             continue
         if matches(name, module):
@@ -125,18 +125,67 @@ def chosen_modules(model: torch.nn.Module, matches, every: int = 1) -> list[str]
     return [name for i, name in enumerate(found, start=1) if i % every == 0]
 
 
-class _Recomputed(torch.nn.Module):
-    """Stands in for `inner` in its parent while the loss runs: calls it under checkpoint.
+class StandIn(torch.nn.Module):
+    """A parameterless module standing in for `inner` in its parent while the loss runs.
 
     `inner` is held outside `_modules`, so the stand-in has no parameters of its own and the
-    hooks that gather parameters at use see only `inner`'s.
+    hooks that gather parameters at use see only `inner`'s. Stand-ins nest (offload around
+    checkpointing); `real_module` finds the module they stand for.
     """
 
-    def __init__(self, inner: torch.nn.Module, context_fn: Callable | None):
+    def __init__(self, inner: torch.nn.Module):
         super().__init__()
         object.__setattr__(self, "inner", inner)
-        object.__setattr__(self, "make_contexts", context_fn)
         self.training = inner.training
+
+
+def real_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The module behind any stand-ins."""
+    while isinstance(module, StandIn):
+        module = module.inner
+    return module
+
+
+def named_real_modules(model: torch.nn.Module, prefix: str = ""):
+    """`named_modules()` seeing through stand-ins (another algorithm's, installed first)."""
+    model = real_module(model)
+    yield prefix, model
+    for name, child in model._modules.items():
+        if child is not None:
+            yield from named_real_modules(child, f"{prefix}.{name}" if prefix else name)
+
+
+def parent_of(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
+    """`(parent, child)` of the qualified `name`, seeing through stand-ins."""
+    *path, child = name.split(".")
+    parent = real_module(model)
+    for part in path:
+        parent = real_module(parent._modules[part])
+    return parent, child
+
+
+def wrap_innermost(parent: torch.nn.Module, child: str, make: Callable) -> Callable[[], None]:
+    """Put `make(module)` where `parent.<child>` is called, inside any stand-ins already there
+    (recomputation runs innermost, so that offloading's hooks stay outside checkpoint's).
+    Returns the function that undoes it."""
+    slot = parent._modules[child]
+    if not isinstance(slot, StandIn):
+        parent._modules[child] = make(slot)
+        return lambda: parent._modules.__setitem__(child, slot)
+    holder = slot
+    while isinstance(holder.inner, StandIn):
+        holder = holder.inner
+    inner = holder.inner
+    object.__setattr__(holder, "inner", make(inner))
+    return lambda: object.__setattr__(holder, "inner", inner)
+
+
+class _Recomputed(StandIn):
+    """Calls `inner` under checkpoint (see the module docstring)."""
+
+    def __init__(self, inner: torch.nn.Module, context_fn: Callable | None):
+        super().__init__(inner)
+        object.__setattr__(self, "make_contexts", context_fn)
 
     def forward(self, *args, **kwargs):
         inner = self.inner
@@ -206,21 +255,18 @@ def recomputing_modules(
         names: qualified module names (`chosen_modules`).
         context_fn: `() -> (forward_ctx, recompute_ctx)` (selective checkpointing), or None.
     """
-    swapped = []
+    undo = []
     try:
         for name in names:
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            inner = parent._modules[child]
-            parent._modules[child] = _Recomputed(inner, context_fn)
-            swapped.append((parent, child, inner))
+            parent, child = parent_of(model, name)
+            undo.append(wrap_innermost(parent, child, lambda m: _Recomputed(m, context_fn)))
         yield
     finally:
-        for parent, child, inner in reversed(swapped):
-            parent._modules[child] = inner
+        for restore in reversed(undo):
+            restore()
 
 
-def _module_of(model: Any) -> torch.nn.Module:
+def module_of(model: Any) -> torch.nn.Module:
     if isinstance(model, torch.nn.Module):
         return model
     if isinstance(model, ModelCalls):
@@ -260,7 +306,7 @@ def activation_checkpointing(
     Example:
         >>> step = functrain.compose(step, activation_checkpointing(Block, every=2))
     """
-    matches = _matcher(target, names)
+    matches = module_matcher(target, names)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be a positive int (1: every matched module), got {every!r}")
     if policy not in POLICIES:
@@ -279,7 +325,7 @@ def activation_checkpointing(
         inner = pieces.loss
 
         def loss(model, batch):
-            module = _module_of(model)
+            module = module_of(model)
             # A walk over the module names per call (no cache keyed by object identity).
             names_here = chosen_modules(module, matches, every)
             if not names_here:

@@ -16,7 +16,7 @@ import torch
 
 import functrain
 from functrain import parallel as fdist
-from functrain.algorithms import activation_checkpointing
+from functrain.algorithms import activation_checkpointing, activation_offload
 from functrain.callbacks import ActivationMonitor
 from functrain.checkpoint import Manager
 from functrain.models.gpt import GPT, GPTConfig, gpt_loss
@@ -29,6 +29,11 @@ ALGORITHMS = {
     "full": lambda: activation_checkpointing("Block"),
     "every2": lambda: activation_checkpointing("Block", every=2),
     "selective": lambda: activation_checkpointing("Block", policy="selective"),
+    "offload": lambda: activation_offload(),
+    "offload_blocks_every2_checkpointed": lambda: [
+        activation_checkpointing("Block", every=2),
+        activation_offload("Block"),
+    ],
 }
 
 
@@ -58,7 +63,8 @@ def run(algorithm=None, mesh=None, dropout=0.0, microbatch=None):
         state = functrain.init(net, opt, seed=0, mesh=mesh, plan=RESHARD)
     step = functrain.make_step(net, gpt_loss, opt, microbatch_size=microbatch)
     if algorithm is not None:
-        step = functrain.compose(step, algorithm)
+        algorithms = algorithm if isinstance(algorithm, list) else [algorithm]
+        step = functrain.compose(step, *algorithms)
     rank, world = fdist.data_parallel_info(state.layout)
     per = BATCH // world
     for x, y in batches():

@@ -30,13 +30,18 @@ def results(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("variant", ["full", "every2", "selective", "microbatch"])
+@pytest.mark.parametrize(
+    "variant",
+    ["full", "every2", "selective", "microbatch", "offload", "offload_blocks_every2_checkpointed"],
+)
 def test_two_ranks_with_checkpointing_match_one_process_without(results, variant):
     assert results[variant] <= TOLERANCE, f"{variant}: max error {results[variant]}"
 
 
 def test_dropout_masks_are_the_same_when_recomputed_on_two_ranks(results):
-    assert results["dropout_identical"] == {"full": True, "every2": True, "selective": True}
+    assert results["dropout_identical"] == dict.fromkeys(
+        ["full", "every2", "selective", "offload", "offload_blocks_every2_checkpointed"], True
+    )
 
 
 def test_recomputed_blocks_gather_their_parameters_again(results):
