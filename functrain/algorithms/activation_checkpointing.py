@@ -46,16 +46,9 @@ from ..step import Algorithm, StepPieces
 POLICIES = ("full", "selective")
 
 _aten = torch.ops.aten
-# The ops whose outputs selective checkpointing keeps (torchtitan's choice, without its
-# every-other-matmul rule): the matmuls and attention are what is expensive to recompute; the
-# elementwise ops around them (norms, activations, dropout, adds) are cheap.
-DEFAULT_SAVE_OPS = frozenset(
-    op
-    for op in (
-        _aten.mm.default,
-        _aten.addmm.default,
-        _aten.bmm.default,
-        _aten.baddbmm.default,
+MATMUL_OPS = frozenset((_aten.mm.default, _aten.addmm.default, _aten.bmm.default))
+ATTENTION_OPS = frozenset(
+    (
         _aten._scaled_dot_product_flash_attention.default,
         _aten._scaled_dot_product_efficient_attention.default,
         _aten._scaled_dot_product_cudnn_attention.default,
@@ -64,19 +57,44 @@ DEFAULT_SAVE_OPS = frozenset(
 )
 
 
-def selective_policy(save_ops: Iterable = DEFAULT_SAVE_OPS) -> Callable:
-    """The per-op decision of selective checkpointing: keep `save_ops`' outputs, recompute the
-    rest (for `torch.utils.checkpoint.create_selective_checkpoint_contexts`)."""
-    keep = frozenset(save_ops)
+def selective_policy(save_ops: Iterable | None = None) -> Callable:
+    """A fresh per-op decision of selective checkpointing for one checkpointed call (for
+    `torch.utils.checkpoint.create_selective_checkpoint_contexts`).
+
+    Default (`save_ops=None`, torchtitan's rule): keep the outputs of attention and of every
+    second matmul, counted within the module's call (the recomputation counts its own calls
+    alike, so both agree), and recompute the rest — the other matmuls and every cheap
+    elementwise op (norms, activations, dropout, adds). With `save_ops`: keep exactly those ops'
+    outputs.
+    """
     must_save, recompute = (
         torch_checkpoint.CheckpointPolicy.MUST_SAVE,
         torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE,
     )
+    if save_ops is not None:
+        keep = frozenset(save_ops)
 
-    def policy(ctx, op, *args, **kwargs):
-        return must_save if op in keep else recompute
+        def chosen(ctx, op, *args, **kwargs):
+            return must_save if op in keep else recompute
 
-    return policy
+        return chosen
+    # Counted per pass: this torch decides in the forward pass only (the recomputation replays
+    # the decisions by position); versions that ask again while recomputing count alike.
+    matmuls = {False: 0, True: 0}
+
+    def torchtitan_rule(ctx, op, *args, **kwargs):
+        if op in ATTENTION_OPS:
+            return must_save
+        if op in MATMUL_OPS:
+            matmuls[ctx.is_recompute] += 1
+            return must_save if matmuls[ctx.is_recompute] % 2 == 1 else recompute
+        return recompute
+
+    return torchtitan_rule
+
+
+def _selective_contexts(save_ops):
+    return torch_checkpoint.create_selective_checkpoint_contexts(selective_policy(save_ops))
 
 
 def module_matcher(target, names) -> Callable[[str, torch.nn.Module], bool]:
@@ -298,9 +316,9 @@ def activation_checkpointing(
         names: fnmatch patterns of qualified module names ("blocks.*"), alone or beside `target`.
         every: checkpoint every `every`-th matched module (1: all; 2: the 2nd, 4th, ...).
         policy: "full" (keep only each module's inputs) or "selective" (also keep the outputs
-            of `save_ops`, recompute the cheap ops between them).
-        save_ops: the aten ops whose outputs selective checkpointing keeps (default: matmuls and
-            attention, `DEFAULT_SAVE_OPS`).
+            of the expensive ops, recompute the cheap ones).
+        save_ops: the aten ops whose outputs selective checkpointing keeps (default:
+            torchtitan's rule, attention and every second matmul; see `selective_policy`).
     Returns:
         the `Algorithm` "activation_checkpointing" (no state; exactly resumable).
     Example:
@@ -315,11 +333,9 @@ def activation_checkpointing(
         raise ValueError("save_ops is for policy='selective'; drop it or set policy='selective'")
     context_fn = None
     if policy == "selective":
-        op_policy = selective_policy(DEFAULT_SAVE_OPS if save_ops is None else save_ops)
-        # a partial of torch's own function: the form torch.compile accepts as a context_fn
-        context_fn = functools.partial(
-            torch_checkpoint.create_selective_checkpoint_contexts, op_policy
-        )
+        save = None if save_ops is None else frozenset(save_ops)
+        # a partial of a module-level function: a form torch.compile accepts as a context_fn
+        context_fn = functools.partial(_selective_contexts, save)
 
     def apply(pieces: StepPieces) -> StepPieces:
         inner = pieces.loss

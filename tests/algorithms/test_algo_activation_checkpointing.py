@@ -12,6 +12,7 @@ from torch import nn
 import functrain
 from functrain.activation_memory import held_activation_bytes
 from functrain.algorithms import activation_checkpointing, label_smoothing
+from functrain.algorithms.activation_checkpointing import ATTENTION_OPS, MATMUL_OPS
 from functrain.checkpoint import Manager
 from functrain.data import Loader
 from functrain.models.gpt import GPT, Block, GPTConfig, gpt_loss
@@ -89,6 +90,9 @@ VARIANTS = {
     "by_name": lambda: activation_checkpointing(names="blocks.*"),
     "every2": lambda: activation_checkpointing("Block", every=2),
     "selective": lambda: activation_checkpointing("Block", policy="selective"),
+    "selective_ops": lambda: activation_checkpointing(
+        "Block", policy="selective", save_ops=[torch.ops.aten.addmm.default]
+    ),
 }
 
 
@@ -157,7 +161,11 @@ def test_checkpointing_keeps_fewer_activations():
     every2 = kept_bytes(activation_checkpointing(Block, every=2))
     assert full < 0.5 * plain, (full, plain)  # 4 of 4 blocks keep only their inputs
     assert full < every2 < plain
-    assert full < selective < plain  # it keeps the matmuls' outputs
+    assert full < selective < plain  # it keeps attention's and every 2nd matmul's outputs
+    every_matmul = kept_bytes(
+        activation_checkpointing(Block, policy="selective", save_ops=MATMUL_OPS | ATTENTION_OPS)
+    )
+    assert selective < every_matmul < plain
 
 
 @settings(max_examples=12)
@@ -269,3 +277,28 @@ def test_compile_step_with_checkpointing_matches_the_eager_step(policy):
     eager, compiled = run(False), run(True)
     for k in eager:
         torch.testing.assert_close(compiled[k], eager[k], rtol=1e-5, atol=1e-6)
+
+
+class ThreeMatmuls(nn.Module):
+    """An odd number of matmuls per block: every 2nd kept still gives the plain gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        return x + self.c(torch.relu(self.b(torch.tanh(self.a(x)))))
+
+
+def test_selective_rule_agrees_between_forward_and_recomputation():
+    def grads(algorithm):
+        torch.manual_seed(0)
+        model = nn.Sequential(ThreeMatmuls(), ThreeMatmuls(), nn.Linear(6, 1))
+        opt = functrain.optim.sgd(0.1)
+        step = functrain.make_step(model, lambda m, b: m(b).square().mean(), opt)
+        step = functrain.compose(step, algorithm) if algorithm else step
+        state = functrain.init(model, opt)
+        x = torch.randn(5, 6, generator=torch.Generator().manual_seed(1))
+        return step.pieces.grads(step.pieces, state, x).grads
+
+    assert_identical(grads(activation_checkpointing(ThreeMatmuls, policy="selective")), grads(None))
