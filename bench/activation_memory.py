@@ -13,8 +13,9 @@ Per variant:
 - saved_mib: bytes autograd packs through `saved_tensors_hooks` (parameters excluded);
 - peak_mib: the process's peak torch allocation over a step (`bench.common.
   peak_allocated_bytes`, CPU profiler; on CUDA `max_memory_allocated`);
-- step time: median over interleaved repetitions (variants in turn, each rep), and the median
-  of per-repetition ratios to `none`.
+- step time: median over interleaved repetitions (variants in turn, the order reversed every
+  other rep), and the median of per-repetition ratios to `none`; by this process's CPU time on
+  one thread by default (steady on a loaded machine), wall time on CUDA.
 Goals (issue 16): full cuts held activations by >= 70% at <= 1.35x step time; selective keeps
 >= 40% of full's saving at <= 1.15x.
 """
@@ -120,6 +121,13 @@ def parse_args(argv):
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per variant and rep")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="this process's CPU time (default: steady on a shared machine; 1 thread) or wall",
+    )
+    parser.add_argument("--threads", type=int, help="torch threads (default 1 with --clock cpu)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -132,6 +140,12 @@ def parse_args(argv):
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.device.startswith("cuda"):
+        args.clock = "wall"  # the device's time is not this process's CPU time
+    threads = args.threads or (1 if args.clock == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     started = time.perf_counter()
     config = GPTConfig(vocab_size=256, block_size=args.length, n_layer=args.layers,
                        n_head=args.heads, n_embd=args.width)  # fmt: skip
@@ -157,14 +171,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         order = args.variants if rep % 2 == 0 else args.variants[::-1]
         for variant in order:
             step, state = runners[variant]
-            begin = time.perf_counter()
+            begin = clock()
             for _ in range(args.steps):
                 state, metrics = step(state, batch)
             float(metrics["loss"])  # wait for the device
-            rows[variant]["times"].append((time.perf_counter() - begin) / args.steps)
+            rows[variant]["times"].append((clock() - begin) / args.steps)
             runners[variant] = (step, state)
     base = rows.get("none")
-    for variant, row in rows.items():
+    for row in rows.values():
         row["step_ms"] = 1e3 * statistics.median(row["times"])
         if base is not None:
             row["time_ratio"] = statistics.median(
