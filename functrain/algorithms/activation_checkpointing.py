@@ -284,6 +284,15 @@ def recomputing_modules(
             restore()
 
 
+def refuse_functorch(name: str) -> None:
+    """A clear error under `torch.func.grad` (`make_step(grad_mode="func")`)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        raise ValueError(
+            f"{name} works through autograd's saved-tensor hooks, which torch.func.grad does "
+            "not support; build the step with make_step(..., grad_mode='autograd') (the default)"
+        )
+
+
 def module_of(model: Any) -> torch.nn.Module:
     if isinstance(model, torch.nn.Module):
         return model
@@ -341,6 +350,7 @@ def activation_checkpointing(
         inner = pieces.loss
 
         def loss(model, batch):
+            refuse_functorch("activation_checkpointing")
             module = module_of(model)
             # A walk over the module names per call (no cache keyed by object identity).
             names_here = chosen_modules(module, matches, every)

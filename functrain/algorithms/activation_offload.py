@@ -30,7 +30,7 @@ import torch
 
 from ..parallel import reshard
 from ..step import Algorithm, StepPieces
-from .activation_checkpointing import StandIn, chosen_modules, module_matcher, module_of, parent_of
+from .activation_checkpointing import StandIn, chosen_modules, module_matcher, module_of, parent_of, refuse_functorch
 
 
 class _Offloaded(StandIn):
@@ -109,6 +109,7 @@ def activation_offload(
         def loss(model, batch):
             if not torch.is_grad_enabled():
                 return inner(model, batch)
+            refuse_functorch("activation_offload")
             if whole:
                 with offloading(pin_memory):
                     return inner(model, batch)

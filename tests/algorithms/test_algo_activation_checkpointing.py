@@ -254,6 +254,8 @@ def test_bad_arguments_name_the_fix():
         activation_checkpointing(Block, policy="some")
     with pytest.raises(ValueError, match="save_ops"):
         activation_checkpointing(Block, save_ops=[torch.ops.aten.mm.default])
+    with pytest.raises(ValueError, match="grad_mode='autograd'"):
+        gradients(activation_checkpointing(Block), grad_mode="func")
     _, step, state = build(activation_checkpointing("Transformer"))
     with pytest.raises(ValueError, match="matched no module"):
         step(state, batch())
