@@ -30,7 +30,14 @@ import torch
 
 from ..parallel import reshard
 from ..step import Algorithm, StepPieces
-from .activation_checkpointing import StandIn, chosen_modules, module_matcher, module_of, parent_of, refuse_functorch
+from .activation_checkpointing import (
+    StandIn,
+    chosen_modules,
+    module_matcher,
+    module_of,
+    parent_of,
+    refuse_functorch,
+)
 
 
 class _Offloaded(StandIn):
