@@ -114,9 +114,9 @@ def peak_bytes(variant, config, batch, device) -> int:
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m bench memory --activations")
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per variant and rep")
