@@ -304,3 +304,23 @@ def test_selective_rule_agrees_between_forward_and_recomputation():
         return step.pieces.grads(step.pieces, state, x).grads
 
     assert_identical(grads(activation_checkpointing(ThreeMatmuls, policy="selective")), grads(None))
+
+
+@pytest.mark.parametrize("method", ["block", "sample"])
+def test_stochastic_depth_drops_the_same_blocks_when_recomputed(method):
+    from functrain.algorithms import apply_surgery, stochastic_depth
+    from functrain.models import SmallResNet
+
+    def grads(*extra):
+        torch.manual_seed(0)
+        depth = stochastic_depth("ResidualBlock", stochastic_method=method, drop_rate=0.5)
+        model = apply_surgery(SmallResNet(num_classes=3), [depth])
+        opt = functrain.optim.sgd(0.1)
+        loss = lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])  # noqa: E731
+        step = functrain.compose(functrain.make_step(model, loss, opt), depth, *extra)
+        state = functrain.init(model, opt, seed=5)
+        g = torch.Generator().manual_seed(2)
+        batch = (torch.randn(4, 1, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+        return step.pieces.grads(step.pieces, state, batch).grads
+
+    assert_identical(grads(activation_checkpointing("StochasticBlock")), grads())
