@@ -57,6 +57,22 @@ def row_statistics(value: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _layout_of(state: Any):
+    """The layout of `state`: a TrainState's, or the first of a pytree of them (multi-model
+    training: their data-parallel coordinates agree), or None."""
+    import optree
+
+    from ..state import TrainState
+    from ..tree import NAMESPACE
+
+    if isinstance(state, TrainState) or state is None:
+        return None if state is None else state.layout
+    states = optree.tree_leaves(
+        state, is_leaf=lambda x: isinstance(x, TrainState), namespace=NAMESPACE
+    )
+    return next((s.layout for s in states if isinstance(s, TrainState) and s.layout), None)
+
+
 def _tensors(value: Any) -> list:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -131,7 +147,7 @@ class ActivationMonitor:
             return
         keys = sorted(self._stats)
         per_key = torch.stack([self._combine(self._stats[k]) for k in keys])
-        per_key = self._over_ranks(per_key, ctx.state.layout if ctx.state is not None else None)
+        per_key = self._over_ranks(per_key, _layout_of(ctx.state))
         values = per_key.tolist()  # the one host sync
         metrics = {}
         for key, (peak, total, norms, kurt, rows, elements) in zip(keys, values):
