@@ -156,6 +156,13 @@ class StandIn(torch.nn.Module):
         object.__setattr__(self, "inner", inner)
         self.training = inner.training
 
+    def __getattr__(self, name: str):
+        # a parent may read its child's attributes (`block.n_head`): they are the module's
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["inner"], name)
+
 
 def real_module(module: torch.nn.Module) -> torch.nn.Module:
     """The module behind any stand-ins."""

@@ -324,3 +324,37 @@ def test_stochastic_depth_drops_the_same_blocks_when_recomputed(method):
         return step.pieces.grads(step.pieces, state, batch).grads
 
     assert_identical(grads(activation_checkpointing("StochasticBlock")), grads())
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.scale = nn.Linear(6, 6), 0.5
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
+
+
+class ReadsItsChildren(nn.Module):
+    """A parent that reads an attribute and a submodule of its checkpointed children."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Scaled(), Scaled()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x) * layer.scale + 0.1 * layer.fc.bias.sum()
+        return x.square().mean()
+
+
+def test_a_parent_still_reads_its_checkpointed_childrens_attributes():
+    def grads(*algorithms):
+        torch.manual_seed(0)
+        model = ReadsItsChildren()
+        opt = functrain.optim.sgd(0.1)
+        step = functrain.compose(functrain.make_step(model, lambda m, b: m(b), opt), *algorithms)
+        state = functrain.init(model, opt)
+        return step.pieces.grads(step.pieces, state, torch.ones(3, 6)).grads
+
+    assert_identical(grads(activation_checkpointing(Scaled)), grads())
