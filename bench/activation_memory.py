@@ -131,6 +131,7 @@ def parse_args(argv):
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    args.argv = argv
     args.variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown:
@@ -143,8 +144,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.device.startswith("cuda"):
         args.clock = "wall"  # the device's time is not this process's CPU time
     threads = args.threads or (1 if args.clock == "cpu" else None)
+    before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(before)  # a caller in this process (a test) keeps its threads
+
+
+def _run(args) -> dict:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     started = time.perf_counter()
     config = GPTConfig(vocab_size=256, block_size=args.length, n_layer=args.layers,
@@ -187,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             row["held_cut"] = 1 - row["held_bytes"] / base["held_bytes"]
     report = common.new_report(
         "memory_activations",
-        argv,
-        config=vars(args) | {"variants": args.variants},
+        args.argv,
+        config={k: v for k, v in vars(args).items() if k != "argv"},
         rows=rows,
         goals=goals(rows),
     )
