@@ -3,7 +3,7 @@
 One launch of tests/parallel/actckpt_worker.py; the tests read its results. The GPT trained on 2
 ranks with checkpointing matches one process without it (≤1e-5); with dropout, checkpointed and
 plain runs on the same ranks are bit-identical; recomputed blocks gather their parameters again;
-a fit interrupted after a checkpoint and resumed equals the uninterrupted run bit for bit.
+a fit that crashes on every rank after a checkpoint, resumed, equals the uninterrupted run bit for bit.
 """
 
 import json
