@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import os
 import sys
 import tempfile
@@ -356,6 +357,82 @@ def check_fsdp_one_rank(ctx) -> Result:
     )
 
 
+# -- activation checkpointing and offload ---------------------------------------------------------
+
+
+def check_activation_memory(ctx) -> Result:
+    """The real device peak of a step with no checkpointing, full, selective and offload; each
+    trains to the same parameters (bf16 tolerance); offload's host copies are pinned."""
+    if ctx.device != "cuda":
+        return Result("skipped", note="needs CUDA (the saving is on the device)")
+    import functrain
+    from functrain.algorithms import activation_checkpointing, activation_offload
+    from functrain.tree import tree_allclose
+
+    offload_impl = importlib.import_module("functrain.algorithms.activation_offload")
+    pinned = []
+    pack = offload_impl._pack
+
+    def spying_pack(*args):
+        packed = pack(*args)
+        if packed[0] == "host":
+            pinned.append(packed[2].is_pinned())
+        return packed
+
+    variants = {
+        "none": [],
+        "full": [activation_checkpointing("Block")],
+        "selective": [activation_checkpointing("Block", policy="selective")],
+        "offload": [activation_offload("Block")],
+    }
+    results, params = {}, {}
+    offload_impl._pack = spying_pack
+    try:
+        for name, algorithms in variants.items():
+            model, batches, _ = gpt_setup(ctx)
+            opt = functrain.optim.adamw(3e-4)
+            state = functrain.init(model, opt, seed=0)
+            step = functrain.compose(
+                functrain.make_step(model, gpt_loss, opt, precision="amp_bf16"), *algorithms
+            )
+            state, _ = step(state, batches[0])  # warm-up: the optimizer state exists
+            synchronize(ctx)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            started = time.perf_counter()
+            for batch in batches[1:4]:
+                state, _ = step(state, batch)
+            synchronize(ctx)
+            results[name] = {
+                "peak_above_state_gib": (torch.cuda.max_memory_allocated() - base) / 2**30,
+                "ms": 1e3 * (time.perf_counter() - started) / 3,
+            }
+            params[name] = {k: v.float() for k, v in state.params.items()}
+            del model, state, step
+            torch.cuda.empty_cache()
+    finally:
+        offload_impl._pack = pack
+    same = all(tree_allclose(params[n], params["none"], atol=2e-3, rtol=2e-2) for n in variants)
+    peaks = {n: r["peak_above_state_gib"] for n, r in results.items()}
+    good = (
+        same
+        and peaks["full"] < peaks["selective"] < peaks["none"]
+        and peaks["offload"] < peaks["none"]
+        and pinned
+        and all(pinned)
+    )
+    measured = ", ".join(
+        f"{n} {r['peak_above_state_gib']:.2f} GiB {r['ms'] / results['none']['ms']:.2f}x"
+        for n, r in results.items()
+    )
+    return Result(
+        ok(good),
+        measured,
+        f"same params: {same}; pinned host copies: {len(pinned)} (all pinned: {all(pinned)})",
+        results,
+    )
+
+
 CHECKS: list[Check] = [
     Check("gpt_bf16_eager", "the step in amp_bf16 on a GPT: tokens/s, MFU", check_gpt_bf16_eager),
     Check("gpt_bf16_compiled", "the same under compile_step", check_gpt_bf16_compiled),
@@ -365,6 +442,8 @@ CHECKS: list[Check] = [
           check_async_checkpoint),
     Check("cuda_memory_monitor", "MemoryMonitor against torch.cuda", check_cuda_memory_monitor),
     Check("fsdp_one_rank", "plan='fsdp' on a 1-rank CUDA mesh", check_fsdp_one_rank),
+    Check("activation_memory", "checkpointing/offload: device peak, pinned copies, same params",
+          check_activation_memory),
 ]  # fmt: skip
 
 

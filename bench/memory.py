@@ -5,6 +5,7 @@ Each variant is built from scratch inside its own profiling window (see
 
 Usage:
     python -m bench memory [--models ...] [--variants ...]
+    python -m bench memory --activations [--layers 4 --length 256 ...]   (checkpointing rows)
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from .overhead import (
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """`python -m bench memory`: the peak bytes torch allocates per variant; table and JSON."""
+    """`python -m bench memory`: the peak bytes torch allocates per variant; table and JSON.
+
+    `python -m bench memory --activations [...]`: activation checkpointing's rows instead
+    (bench/activation_memory.py; its options with `--activations --help`).
+    """
+    if argv is not None and "--activations" in argv:
+        from . import activation_memory
+
+        return activation_memory.main([a for a in argv if a != "--activations"])
     args = parse_args(argv, "memory")
     with _threads(args.threads), common.fresh_compile_cache():
         return _memory(args, argv)

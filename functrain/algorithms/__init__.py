@@ -14,6 +14,8 @@ Example:
 import importlib
 
 from ..step import Algorithm
+from .activation_checkpointing import activation_checkpointing
+from .activation_offload import activation_offload
 from .alibi import alibi
 from .ema import EMAState, ema, ema_params, swap_in_ema
 from .gradient_clipping import gradient_clipping
@@ -40,6 +42,8 @@ from .swa import SWAState, swa, swa_params
 
 __all__ = [
     "Algorithm",
+    "activation_checkpointing",
+    "activation_offload",
     "EMAState",
     "SWAState",
     "alibi",

@@ -10,6 +10,7 @@ Example:
     ...               callbacks=[LRMonitor(), SpeedMonitor(), EarlyStopper("accuracy")])  # doctest: +SKIP
 """
 
+from .activation_monitor import ActivationMonitor
 from .early_stopper import EarlyStopper
 from .image_visualizer import ImageVisualizer, render_grid
 from .interval import Interval, LogCadence
@@ -23,6 +24,7 @@ from .threshold_stopper import ThresholdStopper
 from .torch_profiler import TorchProfiler
 
 __all__ = [
+    "ActivationMonitor",
     "EarlyStopper",
     "ImageVisualizer",
     "Interval",

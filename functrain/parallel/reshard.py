@@ -99,6 +99,54 @@ def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
         inflight.restore.clear()
 
 
+def active_inflight() -> InFlight | None:
+    """The `InFlight` of the innermost active `gathering_at_use`, or None.
+
+    Read from the module hooks that context installed (torch's own registry), so activation
+    checkpointing can gather again when it recomputes a module in the backward pass, after the
+    context has closed.
+    """
+    for hook in reversed(list(torch.nn.modules.module._global_forward_pre_hooks.values())):
+        if isinstance(hook, functools.partial) and hook.func is _before_module:
+            return hook.args[0]
+    return None
+
+
+@contextlib.contextmanager
+def gathering_modules(inflight: InFlight | None) -> Iterator[None]:
+    """Only the module hooks of `gathering_at_use` (no saved-tensor hooks): what a recomputation
+    in the backward pass needs, since autograd's checkpoint keeps the tensors it recomputes."""
+    if inflight is None or not inflight.placeholders:
+        yield
+        return
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(
+        functools.partial(_before_module, inflight)
+    )
+    post = torch.nn.modules.module.register_module_forward_hook(
+        functools.partial(_after_module, inflight), always_call=True
+    )
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def pack_saved(inflight: InFlight, tensor: torch.Tensor) -> Any:
+    """A handle for a tensor viewing a gathered whole parameter (`tensor` itself otherwise)."""
+    return _pack(inflight, tensor)
+
+
+def unpack_saved(inflight: InFlight, saved: Any) -> torch.Tensor:
+    """The tensor `pack_saved` stood for (gathered again if it was a handle)."""
+    return _unpack(inflight, saved)
+
+
+def is_handle(saved: Any) -> bool:
+    """True when `saved` (from `pack_saved`) is a handle rather than the tensor itself."""
+    return isinstance(saved, _Saved)
+
+
 def _before_module(inflight: InFlight, module: torch.nn.Module, args: Any = None) -> None:
     placeholders = inflight.placeholders
     found = [
