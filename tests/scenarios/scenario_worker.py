@@ -174,7 +174,10 @@ def rank_and_world() -> tuple[int, int]:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    # No group yet: one process, or a script written for one process under the launcher
+    # (functrain.init makes the group later). The launcher's RANK says which process this is;
+    # the world stays 1 for the worker's own bookkeeping (it has no group to agree on).
+    return int(os.environ.get("RANK", "0")), 1
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -87,12 +87,6 @@ def test_every_known_bug_names_its_issue_point_and_is_used():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=known.KnownBugFailure,
-    reason="11.7 (parallel): under the launcher with no mesh, each rank trains alone as rank 0 "
-    "on whole batches, all writing into one checkpoint folder",
-)
 def test_a_script_without_a_mesh_under_the_launcher_is_data_parallel_or_refuses():
     # The README's promise: a script written for one process runs unchanged on many. Composer
     # and Lightning then train data-parallel; failing with a clear error is acceptable too.
@@ -113,12 +107,12 @@ def test_a_script_without_a_mesh_under_the_launcher_is_data_parallel_or_refuses(
             message = why_failed(ref)
             if "mesh" in message or "launch" in message:
                 return  # refused, saying why: acceptable
-            raise known.KnownBugFailure(f"2 ranks without a mesh collided: {message}")
+            raise AssertionError(f"2 ranks without a mesh collided: {message}")
         records = [r for r in read_progress(ref.dir) if "step" in r]
         sizes = {r["local"] for r in records}
         steps = [r["step"] for r in records]
         if sizes != {8} or len(steps) != len(set(steps)):
-            raise known.KnownBugFailure(
+            raise AssertionError(
                 f"2 ranks without a mesh: local batches of {sorted(sizes)} samples (want 8 of "
                 f"the 16), {len(steps)} step records for {len(set(steps))} steps (each rank "
                 "believes it is rank 0)"
