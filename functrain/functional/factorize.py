@@ -100,10 +100,12 @@ def factorize_linear(module: nn.Linear, rank: int) -> FactorizedLinear:
     return new
 
 
-def factorize_conv2d(module: nn.Conv2d, rank: int) -> FactorizedConv2d:
-    """The rank-`rank` factorization of `module` (exact at `rank = min(out, in*kh*kw)`)."""
+def factorize_conv2d_module(module: nn.Conv2d, rank: int) -> FactorizedConv2d:
+    """The rank-`rank` factorization of `module` by its weight's SVD (exact at `rank = min(out,
+    in*kh*kw)`). Composer's `factorize_conv2d` (fitted to activations) is in
+    `factorize_solvers`."""
     if module.groups != 1:
-        raise ValueError("factorize_conv2d supports only groups=1 convolutions")
+        raise ValueError("factorize_conv2d_module supports only groups=1 convolutions")
     out_channels = module.out_channels
     left, right = low_rank_factors(module.weight.reshape(out_channels, -1), rank)
     new = FactorizedConv2d(module, rank)
@@ -168,7 +170,7 @@ def apply_factorization(
             i, o = module.in_channels, module.out_channels
             rank = min(resolve_latent(latent_channels, min(i, o)), min(i, o))
             if min(i, o) >= min_channels and factorizing_could_speedup(module, rank):
-                return factorize_conv2d(module, rank)
+                return factorize_conv2d_module(module, rank)
         return None
 
     return replace_modules(new, policy, copy_model=False)

@@ -23,11 +23,12 @@ from .factorize import (
     FactorizedConv2d,
     FactorizedLinear,
     apply_factorization,
-    factorize_conv2d,
+    factorize_conv2d_module,
     factorize_linear,
     factorizing_could_speedup,
     low_rank_factors,
 )
+from .factorize_solvers import LowRankSolution, factorize_conv2d, factorize_matrix
 from .fused_layernorm import apply_fused_layernorm, fused_layernorm_available
 from .gated_linear_units import GLUMLP, apply_gated_linear_units, glu_from_mlp
 from .gated_linear_units_hf import BERTGatedFFOutput
@@ -61,6 +62,7 @@ __all__ = [
     "BlurConv2d",
     "BlurMaxPool2d",
     "FactorizedConv2d",
+    "LowRankSolution",
     "FactorizedLinear",
     "GLUMLP",
     "GhostBatchNorm1d",
@@ -95,7 +97,9 @@ __all__ = [
     "blurmax_pool2d",
     "count_modules",
     "factorize_conv2d",
+    "factorize_conv2d_module",
     "factorize_linear",
+    "factorize_matrix",
     "factorizing_could_speedup",
     "fused_layernorm_available",
     "ghost_batch_norm",

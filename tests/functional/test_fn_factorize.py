@@ -10,7 +10,7 @@ from functrain.functional.factorize import (
     FactorizedConv2d,
     FactorizedLinear,
     apply_factorization,
-    factorize_conv2d,
+    factorize_conv2d_module,
     factorize_linear,
     factorizing_could_speedup,
     low_rank_factors,
@@ -39,7 +39,7 @@ def test_full_rank_linear_keeps_the_function(i, o, bias, seed):
 def test_full_rank_conv_keeps_the_function(c_in, c_out, k, stride, seed):
     torch.manual_seed(seed)
     conv = nn.Conv2d(c_in, c_out, k, stride=stride, padding=k // 2)
-    fact = factorize_conv2d(conv, min(c_out, c_in * k * k))
+    fact = factorize_conv2d_module(conv, min(c_out, c_in * k * k))
     x = torch.randn(2, c_in, 7, 7)
     torch.testing.assert_close(fact(x), conv(x), rtol=1e-4, atol=1e-5)
 
@@ -74,13 +74,13 @@ def test_rank_errors():
     with pytest.raises(ValueError, match="rank"):
         factorize_linear(nn.Linear(3, 2), 3)
     with pytest.raises(ValueError, match="groups"):
-        factorize_conv2d(nn.Conv2d(4, 4, 3, groups=2), 2)
+        factorize_conv2d_module(nn.Conv2d(4, 4, 3, groups=2), 2)
 
 
 def test_factorized_children_have_composers_names():
-    from functrain.functional import factorize_conv2d, factorize_linear
+    from functrain.functional import factorize_conv2d_module, factorize_linear
 
-    conv = factorize_conv2d(torch.nn.Conv2d(8, 8, 3), 4)
+    conv = factorize_conv2d_module(torch.nn.Conv2d(8, 8, 3), 4)
     linear = factorize_linear(torch.nn.Linear(8, 8), 4)
     # composer/algorithms/factorize/factorize_modules.py: module0 (to the latent), module1.
     assert set(conv.state_dict()) == {"module0.weight", "module1.weight", "module1.bias"}
