@@ -116,7 +116,7 @@ def test_a_crash_at_every_commit_phase_leaves_the_old_or_the_new_state(kind, tmp
         # (`_move_into_place`: POSIX cannot rename over a non-empty directory)
         renames = [i for i, p in enumerate(points) if p == "rename_dir"]
         assert len(renames) == 2, points
-        for at, (point, outcome) in enumerate(outcomes):
+        for at, (_, outcome) in enumerate(outcomes):
             expected = "old" if at <= renames[0] else "none" if at == renames[1] else "new"
             assert outcome == expected, (at, outcomes)
     assert any(o != "new" for _, o in outcomes)  # crashes did interrupt the save
