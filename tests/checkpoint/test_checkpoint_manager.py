@@ -154,6 +154,7 @@ def test_async_save_equals_sync_save(tmp_path):
     manager = Manager(tmp_path / "async", async_save=True)
     async_path = manager.save(state)
     manager.wait()
+
     def tree_json(path):
         with open(os.path.join(path, "tree.json"), "rb") as f:
             return f.read()
