@@ -117,7 +117,11 @@ def _results(db: Path) -> list[dict]:
             "ORDER BY s.start_pos_row, s.operator_name"
         ).fetchall()
     keys = ("operator", "line", "function", "worker_outcome", "test_outcome", "diff")
-    return [dict(zip(keys, row)) for row in rows]
+    out = [dict(zip(keys, row)) for row in rows]
+    for r in out:  # cosmic-ray stores the enums' names ("KILLED", "NORMAL")
+        r["test_outcome"] = (r["test_outcome"] or "").lower()
+        r["worker_outcome"] = (r["worker_outcome"] or "").lower()
+    return out
 
 
 def mutate(module: str, tests: list[str], *, max_mutants: int, seed: int, timeout: float) -> dict:
