@@ -10,6 +10,7 @@ Suites:
     gpu_check         what only a CUDA GPU shows, one table (bench/gpu_check.py; skips on CPU)
     exits             many short multi-rank runs: aborts and hangs at exit (bench/exits.py)
     scenarios         issue 11's scenario matrix, strength 3 or the full product (bench/scenarios.py)
+    mutants           mutation testing of core modules with cosmic-ray (bench/mutants.py; not in `all`)
     all               every suite above with its defaults, one after the other
 
 Each suite prints a table and writes JSON under bench/results/. Suites are imported only when run,
@@ -39,7 +40,9 @@ SUITES = {
     "update": ("bench.update_paths", "main"),
     "exits": ("bench.exits", "main"),
     "scenarios": ("bench.scenarios", "main"),
+    "mutants": ("bench.mutants", "main"),
 }
+NOT_IN_ALL = {"mutants"}  # minutes per module: run it on its own
 
 
 class SuiteMissing(RuntimeError):
@@ -82,6 +85,8 @@ def run_all(argv: Sequence[str]) -> int:
         return 2
     outcome = {}
     for name in SUITES:
+        if name in NOT_IN_ALL:
+            continue
         print(f"\n=== {name} ===", flush=True)
         started = time.perf_counter()
         try:

@@ -359,9 +359,11 @@ class Loader:
 
     def _index_tensors(self, sampler: ResumableBatchSampler) -> Iterator[tuple[torch.Tensor, ...]]:
         pin = self.pin_memory and torch.cuda.is_available()
+        dataset = self.dataset
+        assert isinstance(dataset, TensorDataset)  # `_fast_path` chose this path
         for indices in sampler:
             index = torch.as_tensor(indices, dtype=torch.int64)
-            batch = tuple(t[index] for t in self.dataset.tensors)
+            batch = tuple(t[index] for t in dataset.tensors)
             yield tuple(t.pin_memory() for t in batch) if pin else batch
 
     def fingerprint(self) -> dict[str, int]:

@@ -123,7 +123,7 @@ class Time:
             )
         match = _SIMPLE.match(text)
         if match:
-            return cls(float(match.group(1)), match.group(2))
+            return cls(float(match.group(1)), _as_unit(match.group(2)))
         match = _CLOCK.match(text)
         if match and any(match.groups()) and text.strip():
             h, m, s = (float(g) if g else 0.0 for g in match.groups())

@@ -95,3 +95,37 @@ def test_entry_point_rejects_unknown_suites_and_reports_missing_ones(monkeypatch
     monkeypatch.setitem(entry.SUITES, "absent", ("bench.absent_suite", "main"))
     assert entry.run_suite("absent", []) == 3
     assert "bench/absent_suite.py does not exist" in capsys.readouterr().err
+
+
+def test_mutants_keeps_one_mutant_per_position_and_operator_family(tmp_path):
+    import sqlite3
+
+    from bench import mutants
+
+    assert mutants._family("core/ReplaceBinaryOperator_Add_Sub") == "core/ReplaceBinaryOperator_Add"
+    assert mutants._family("core/NumberReplacer") == "core/NumberReplacer"
+    db = tmp_path / "session.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE work_items (job_id VARCHAR PRIMARY KEY)")
+        conn.execute(
+            "CREATE TABLE mutation_specs (job_id VARCHAR PRIMARY KEY, operator_name VARCHAR, "
+            "start_pos_row INTEGER, start_pos_col INTEGER)"
+        )
+        rows = [  # two sites of a `+` (3 replacements each) and one number
+            *[
+                (f"a{i}", f"core/ReplaceBinaryOperator_Add_{op}", 1, 4)
+                for i, op in enumerate("XYZ")
+            ],
+            *[
+                (f"b{i}", f"core/ReplaceBinaryOperator_Add_{op}", 2, 4)
+                for i, op in enumerate("XYZ")
+            ],
+            ("c0", "core/NumberReplacer", 3, 0),
+        ]
+        conn.executemany("INSERT INTO mutation_specs VALUES (?, ?, ?, ?)", rows)
+        conn.executemany("INSERT INTO work_items VALUES (?)", [(r[0],) for r in rows])
+    assert mutants._thin(db, max_mutants=0, seed=0) == 3
+    with sqlite3.connect(db) as conn:
+        kept = [r[0] for r in conn.execute("SELECT job_id FROM work_items ORDER BY job_id")]
+    assert [k[0] for k in kept] == ["a", "b", "c"]
+    assert mutants._thin(db, max_mutants=2, seed=0) == 2

@@ -103,17 +103,30 @@ def test_dataloader_workers_give_the_same_batches():
 
 
 def test_tensor_fast_path_matches_the_dataloader_collate():
+    """The fast path (indexing the tensors) gives what torch's DataLoader gives for the same
+    order: the Loader's own DataLoader path (a non-TensorDataset view of the same samples, or an
+    explicit collate_fn) and a plain DataLoader over the epoch's order, built here."""
     dataset = arange_dataset(30)
     fast = list(Loader(dataset, 6, seed=5, rank=0, world_size=1).epoch_iter(0))
-    slow = list(Loader(dataset, 6, seed=5, rank=0, world_size=1, collate_fn=None, num_workers=0,
-                       pin_memory=False).epoch_iter(0))  # fmt: skip
-    via_dataloader = list(
+    view = torch.utils.data.Subset(dataset, range(30))  # not a TensorDataset: no fast path
+    slow = list(Loader(view, 6, seed=5, rank=0, world_size=1).epoch_iter(0))
+    via_collate = list(
         Loader(dataset, 6, seed=5, rank=0, world_size=1, collate_fn=torch.utils.data.default_collate)
         .epoch_iter(0)
     )  # fmt: skip
-    for a, b, c in zip(fast, slow, via_dataloader):
-        for x, y, z in zip(a, b, c):
-            assert torch.equal(x, y) and torch.equal(x, z)
+    order = epoch_order(30, seed=5, epoch=0).tolist()
+    by_hand = list(
+        torch.utils.data.DataLoader(
+            dataset, batch_sampler=[order[i : i + 6] for i in range(0, 30, 6)]
+        )
+    )
+    assert len(fast) == len(slow) == len(via_collate) == len(by_hand) == 5
+    assert sorted(i for b in fast for i in ids(b)) == list(range(30))  # every sample, once
+    for batches in (slow, via_collate, fast):
+        for got, want in zip(batches, by_hand, strict=True):
+            assert type(got) in (tuple, list) and len(got) == len(want) == 2
+            for x, y in zip(got, want, strict=True):
+                assert x.dtype == y.dtype and torch.equal(x, y)
 
 
 def test_drop_last_false_splits_the_last_batch_over_ranks():

@@ -79,8 +79,13 @@ def test_hf_pretrain_then_finetune_quick(tmp_path, one_thread):
                                                         *one_thread])  # fmt: skip
     assert result["pretrain"]["loss"] < 4.0
     assert (pathlib.Path(result["pretrained_dir"]) / "model.safetensors").exists()
-    assert 0.0 <= result["finetune"]["accuracy"] <= 1.0
-    assert 0.0 <= result["scratch"]["accuracy"] <= 1.0  # the baseline the docs compare with
+    # measured on 827 held-out lines with balanced classes (chance 0.5): the classifier trained
+    # from scratch learns in 20 steps (0.62). The fine-tune from the 20-step pretrained weights
+    # stays at chance in --quick (0.504, loss 0.695 > ln 2): it is only checked to have run on
+    # the held-out set, not to have learned (see the issue 17 note).
+    assert result["scratch"]["accuracy"] > 0.55, result["scratch"]
+    assert result["scratch"]["loss"] < 0.69, result["scratch"]  # below ln 2, chance's loss
+    assert {"loss", "accuracy"} <= set(result["finetune"])
     assert sorted(os.listdir(tmp_path)) == ["finetune", "pretrain", "pretrained", "scratch"]
     for phase in ("pretrain", "finetune", "scratch"):  # what `python -m functrain.plot` reads
         assert (tmp_path / phase / "metrics.jsonl").stat().st_size > 0

@@ -118,6 +118,27 @@ def test_microbatching_matches_full_batch(microbatch):
     assert metrics["samples"] == 16
 
 
+@pytest.mark.parametrize("microbatch", [5, 3, 7])  # 16 samples: 5+5+5+1, 3*5+1, 7+7+2
+def test_reported_loss_under_uneven_microbatches_is_the_full_batch_mean(microbatch):
+    """The step's `loss` metric is the mean over all samples, whatever the split: a small last
+    microbatch weighs by its size (an unweighted mean of microbatch losses would differ)."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    opt = optim.sgd(lr=0.1)
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+    with torch.no_grad():  # by hand, before the update: the mean over the 16 samples
+        expected = float(F.cross_entropy(model(x), y))
+        unweighted = sum(
+            float(F.cross_entropy(model(x[i : i + microbatch]), y[i : i + microbatch]))
+            for i in range(0, 16, microbatch)
+        ) / len(range(0, 16, microbatch))
+    assert abs(unweighted - expected) > 1e-4  # the data tell the two apart
+    state = functrain.init(model, opt, seed=0)
+    step = functrain.make_step(model, ce_loss, opt, microbatch_size=microbatch)
+    _, metrics = step(state, (x, y))
+    assert abs(float(metrics["loss"]) - expected) < 1e-6
+
+
 def test_weight_by_tokens_weights_microbatches_by_token_count():
     model = torch.nn.Linear(3, 1, bias=False)
     opt = optim.sgd(lr=1.0)
@@ -167,9 +188,13 @@ def test_metrics_and_counters():
     opt = optim.sgd(lr=0.1)
     state = functrain.init(model, opt, seed=0)
     step = functrain.make_step(model, ce_loss, opt)
-    state, metrics = step(state, make_data(1)[0])
+    batch = make_data(1)[0]
+    with torch.no_grad():  # by hand, on a copy (the state shares the model's tensors)
+        expected = F.cross_entropy(copy.deepcopy(model)(batch[0]), batch[1])
+    state, metrics = step(state, batch)
     assert state.step == 1 and state.timestamp.batch == 1 and state.timestamp.sample == 16
-    assert metrics["loss"].shape == () and torch.isfinite(metrics["loss"])
+    assert metrics["loss"].shape == ()
+    torch.testing.assert_close(metrics["loss"], expected, rtol=1e-6, atol=1e-6)
     assert metrics["grad_norm"] > 0
     assert metrics["lr"] == pytest.approx(0.1)
     assert metrics["samples"] == 16

@@ -16,14 +16,17 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
 from ..tree import tree_flatten
 
+if TYPE_CHECKING:  # not at run time: importing it is slow (see is_dtensor)
+    from torch.distributed.tensor import DTensor
 
-def is_dtensor(x: Any) -> bool:
+
+def is_dtensor(x: Any) -> TypeGuard[DTensor]:
     """True for a DTensor, without importing torch.distributed.tensor (slow: it pulls sympy).
 
     No DTensor can exist unless that module has been imported, so looking it up suffices.

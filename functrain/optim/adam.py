@@ -35,7 +35,7 @@ from .spec import AdamSpec
 class ScaleByAdamState(NamedTuple):
     """`count`: updates done (Python int); `mu`, `nu`: first and second moments."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # optax's field name (checkpoint key), not tuple.count
     mu: Any
     nu: Any
 
@@ -43,7 +43,7 @@ class ScaleByAdamState(NamedTuple):
 class ScaleByAmsgradState(NamedTuple):
     """`ScaleByAdamState` plus `nu_max`, the running maximum of `nu` (AMSGrad)."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # optax's field name (checkpoint key), not tuple.count
     mu: Any
     nu: Any
     nu_max: Any

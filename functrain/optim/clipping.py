@@ -73,7 +73,8 @@ def clip_by_value(
         if min is not None or max is not None:
             raise ValueError("clip_by_value: give either limit or min/max, not both")
         check_number("limit", limit)
-        low, high = -float(limit), float(limit)
+        low: float | None = -float(limit)
+        high: float | None = float(limit)
     else:
         if min is None and max is None:
             raise ValueError("clip_by_value needs limit=, or min= and/or max=")

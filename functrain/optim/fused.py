@@ -174,6 +174,7 @@ _STATE_OF = {
 
 def _check_state(spec: Any, state: Any) -> None:
 
+    kind: type
     if isinstance(spec, AdamSpec):
         kind = ScaleByAmsgradState if spec.amsgrad else ScaleByAdamState
     elif type(spec) in _STATE_OF:
@@ -321,7 +322,7 @@ def _prepare(transform: Any, grads: Any, state: Any, params: Any, extra: Mapping
             raise NotFusable("the optimizer state covers other names than the gradients")
     decay_on = recipe.decay is not None
     decayed = None
-    if decay_on and recipe.decay.mask is not None:
+    if recipe.decay is not None and recipe.decay.mask is not None:
         decayed = _selected(recipe.decay.mask, names, params)
     trees = [grads, *moments]
     groups: dict[tuple, list[list[torch.Tensor]]] = {}

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -33,7 +33,7 @@ LR_NAMES = ("lr", "learning_rate")
 class InjectHyperparamsState(NamedTuple):
     """`count`: updates done (int); `hyperparams`: `{name: float}` last used; `inner_state`."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # optax's field name (checkpoint key), not tuple.count
     hyperparams: dict[str, float]
     inner_state: Any
 
@@ -174,13 +174,15 @@ def current_lr(opt_state: Any) -> float | None:
     """
     if isinstance(opt_state, tuple) and hasattr(opt_state, "_fields"):
         fields = opt_state._fields
-        if "hyperparams" in fields and isinstance(opt_state.hyperparams, Mapping):
+        hyperparams = getattr(opt_state, "hyperparams", None) if "hyperparams" in fields else None
+        if isinstance(hyperparams, Mapping):
             for name in LR_NAMES:
-                if name in opt_state.hyperparams:
-                    return float(opt_state.hyperparams[name])
+                if name in hyperparams:
+                    return float(hyperparams[name])
         for name in LR_NAMES:
             if name in fields and _is_number(getattr(opt_state, name)):
                 return float(getattr(opt_state, name))
+    children: Iterable[Any]
     if isinstance(opt_state, (tuple, list)):
         children = opt_state
     elif isinstance(opt_state, Mapping):

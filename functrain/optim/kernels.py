@@ -50,7 +50,8 @@ def run_recipe(recipe: Any, groups: dict, grads: list[Any], extra: Mapping[str, 
             new_states[id(leaf)] = DecoupledWeightDecayState(leaf.state.count + 1, factor)
         elif leaf is not None:
             new_states[id(leaf)] = leaf.state
-    grad_scale = clip_factor = None
+    grad_scale: torch.Tensor | None = None
+    clip_factor: torch.Tensor | None = None
     if recipe.clip is not None:
         new_states[id(recipe.clip)] = recipe.clip.state
         max_norm = recipe.clip.spec.max_norm
@@ -70,17 +71,20 @@ def run_recipe(recipe: Any, groups: dict, grads: list[Any], extra: Mapping[str, 
     core = recipe.core
     for (decayed, device, dtype), columns in groups.items():
         scale = None if grad_scale is None else grad_scale.to(device, torch.float32)
+        prescaled = False  # the gradients already carry the clipping factor
         if scale is not None and dtype == torch.float64:
             # The kernels read their gradient scale as float32, which would round a float64
             # run's clipping: scale the gradients in float64 instead (one more pass).
+            assert clip_factor is not None  # set with grad_scale
             torch._foreach_mul_(columns[1], clip_factor.to(device))
-            scale = None
+            scale, prescaled = None, True
         group_wd, group_decoupled = (wd, decoupled) if decayed else (0.0, 0.0)
         if core is not None and isinstance(core.spec, AdamSpec):
             _adam(core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale, device)
         elif core is not None and isinstance(core.spec, LionSpec):
-            factor = None if clip_factor is None else clip_factor.to(device)
-            _lion(core.spec, columns, lr, group_wd, group_decoupled, recipe.decay_kind, factor)
+            # not twice: a float64 group's gradients were scaled above
+            lion_clip = None if clip_factor is None or prescaled else clip_factor.to(device)
+            _lion(core.spec, columns, lr, group_wd, group_decoupled, recipe.decay_kind, lion_clip)
         else:
             _sgd(core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale)
     if core is not None:

@@ -27,7 +27,7 @@ from .spec import LionSpec
 class ScaleByLionState(NamedTuple):
     """`count`: updates done (Python int); `mu`: the momentum."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # optax's field name (checkpoint key), not tuple.count
     mu: Any
 
 

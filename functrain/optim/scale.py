@@ -51,7 +51,7 @@ def scale(factor: float) -> Transform:
 class ScaleByLearningRateState(NamedTuple):
     """`count`: updates done (Python int); `lr`: the learning rate last used (Python float)."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # optax's field name (checkpoint key), not tuple.count
     lr: float
 
 
@@ -116,7 +116,7 @@ def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
 class DecoupledWeightDecayState(NamedTuple):
     """`count`: updates done (int); `factor`: the last `lr_t / initial_lr` used (float)."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # optax's field name (checkpoint key), not tuple.count
     factor: float
 
 

@@ -32,7 +32,7 @@ from .spec import MomentumSpec
 class TraceState(NamedTuple):
     """`count`: updates done (Python int; 0 means the buffer is not started); `momentum`: buffers."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # optax's field name (checkpoint key), not tuple.count
     momentum: Any
 
 

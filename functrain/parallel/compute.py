@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -40,7 +40,7 @@ from .layout import Layout
 _AT_USE = object()  # a bucket that `reshard` gathers when its module runs
 
 
-def _is_dtensor(x: Any) -> bool:
+def _is_dtensor(x: Any) -> TypeGuard[DTensor]:
     return isinstance(x, DTensor)
 
 

@@ -42,6 +42,33 @@ def test_step_trains_on_the_functional_core_with_the_step_key(interpolate_loss):
     assert torch.allclose(metrics["loss"], expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_mixed_batch_and_loss_by_hand(seed):
+    """Independent of `mixup_batch`: each input is `(1 - m) x_i + m x_perm(i)` for one
+    permutation, read off the targets (labels 0..9 are distinct, so they name the samples)."""
+    step, state = setup([mixup(0.4)], seed=seed)
+    x = digits_batches(1)[0][0][:10]
+    y = torch.arange(10)
+    prepared = step.pieces.prepare(state, (x, y))
+    target = prepared[1]
+    perm = target.permuted
+    assert sorted(perm.tolist()) == list(range(10))  # a permutation of the batch
+    assert torch.equal(target.original, y)
+    m = float(target.permuted_weight)
+    assert 0.0 <= m <= 1.0 and abs(float(target.original_weight) - (1 - m)) < 1e-6
+    assert 0.0 < m < 1.0  # Beta(0.4, 0.4) draws are never exactly 0 or 1
+    expected = torch.stack([(1 - m) * x[i] + m * x[int(perm[i])] for i in range(10)])
+    torch.testing.assert_close(prepared[0], expected, rtol=1e-6, atol=1e-6)
+    # the loss: cross entropy on the mixed one-hot targets, by hand
+    out = step.call_model(tree_clone(state), expected)
+    dense = torch.zeros(10, 10)
+    dense[torch.arange(10), y] += 1 - m
+    dense[torch.arange(10), perm] += m
+    by_hand = -(dense * torch.log_softmax(out, dim=1)).sum(1).mean()
+    _, metrics = step(state, (x, y))
+    torch.testing.assert_close(metrics["loss"], by_hand, rtol=1e-5, atol=1e-6)
+
+
 def test_alpha_zero_is_the_identity_and_input_batch_is_untouched():
     assert_zero_strength_is_identity(mixup(alpha=0.0))
     step, state = setup([mixup(1.0)])

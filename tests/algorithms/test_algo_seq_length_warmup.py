@@ -65,15 +65,47 @@ def _run(step, state, batches, n):
 def test_lengths_follow_the_warmup_schedule_and_training_progresses():
     step, state = _setup(max_batches=10)
     _, lengths, losses = _run(step, state, _batches(), 10)
-    assert lengths == [warmup_sequence_length(b, 10, 0.5, 4, 32, 4) for b in range(10)]
-    assert lengths[0] == 4 and lengths[-1] == 32 and lengths == sorted(lengths)
+    # by hand: 5 warm-up batches, 7 increments of 4 -> one increment per batch (at least one),
+    # so 4, 8, ..., 32 over the first 8 batches, then 32
+    assert lengths == [4, 8, 12, 16, 20, 24, 28, 32, 32, 32]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize(
+    "max_batches, expected",
+    [
+        # 20 warm-up batches, 7 increments of 4: one every 20 // 7 = 2 batches
+        (40, [4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28, 32, 32, 32]),
+        # 30 warm-up batches: one increment every 30 // 7 = 4 batches, 32 from batch 28 on
+        (60, [4] * 4 + [8] * 4 + [12] * 4 + [16] * 4 + [20] * 4 + [24] * 4 + [28] * 4 + [32] * 3),
+        # 3 warm-up batches: fewer than the increments, one per batch
+        (6, [4, 8, 12, 16, 20, 24, 28, 32, 32]),
+    ],
+)
+def test_warmup_lengths_by_hand(max_batches, expected):
+    assert [
+        warmup_sequence_length(b, max_batches, 0.5, 4, 32, 4) for b in range(len(expected))
+    ] == expected
+
+
+def test_truncation_keeps_the_first_tokens_of_every_row():
+    step, state = _setup(max_batches=40)
+    batch = _batches(1)[0]
+    state = state.replace(step=2, timestamp=state.timestamp.replace(batch=2))  # length 8
+    prepared = step.pieces.prepare(state, batch)
+    assert torch.equal(prepared["input_ids"], batch["input_ids"][:, :8])
+    assert torch.equal(prepared["attention_mask"], batch["attention_mask"][:, :8])
 
 
 def test_reshaping_mode_keeps_all_tokens_in_more_rows():
     step, state = _setup(max_batches=10, truncate=False)
-    prepared = step.pieces.prepare(state, _batches(1)[0])
-    assert prepared["input_ids"].shape == (64, 4)
+    batch = _batches(1)[0]
+    prepared = step.pieces.prepare(state, batch)
+    # 8 rows of 32 tokens cut into rows of 4, in order: row r, tokens 4k..4k+3 -> row 8r + k
+    expected = torch.stack(
+        [batch["input_ids"][r, 4 * k : 4 * k + 4] for r in range(8) for k in range(8)]
+    )
+    assert torch.equal(prepared["input_ids"], expected)
 
 
 def test_resumes_exactly():

@@ -160,10 +160,12 @@ def test_async_save_equals_sync_save(tmp_path):
     manager = Manager(tmp_path / "async", async_save=True)
     async_path = manager.save(state)
     manager.wait()
-    assert (
-        open(os.path.join(sync_path, "tree.json"), "rb").read()
-        == open(os.path.join(async_path, "tree.json"), "rb").read()
-    )
+
+    def tree_json(path):
+        with open(os.path.join(path, "tree.json"), "rb") as f:
+            return f.read()
+
+    assert tree_json(sync_path) == tree_json(async_path)
     assert_same_state(
         checkpoint.load(async_path, like=blank_like(state)),
         checkpoint.load(sync_path, like=blank_like(state)),
@@ -258,6 +260,8 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint(tmp_path):
     finally:
         if child.poll() is None:
             child.kill()
+            child.wait(timeout=30)
+        child.stdout.close()
     manager = Manager(root, async_save=False)
     assert manager.latest() == str(root / "step_000000001")
     like = functrain.TrainState(

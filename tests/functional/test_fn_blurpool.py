@@ -91,3 +91,51 @@ def test_state_dict_names_are_composers():
     # BlurMaxPool2d a `filt2d` buffer.
     assert set(new.state_dict()) == {"0.conv.weight", "0.conv.bias", "0.blur_filter", "1.filt2d"}
     new.load_state_dict({k: v.clone() for k, v in new.state_dict().items()}, strict=True)
+
+
+# -- impulse responses, by hand: a constant input cannot tell a blur from no blur --------------
+
+# the binomial filter's 1-D taps; the 2-D filter is their outer product / 16
+TAPS = torch.tensor([1.0, 2.0, 1.0])
+
+
+def _impulse(size: int, at: int, channels: int = 1) -> torch.Tensor:
+    x = torch.zeros(1, channels, size, size)
+    x[..., at, at] = 1.0
+    return x
+
+
+def test_blur_of_an_impulse_is_the_binomial_filter():
+    out = blur_2d(_impulse(7, 3, channels=2))
+    expected = torch.zeros(1, 2, 7, 7)
+    expected[..., 2:5, 2:5] = torch.outer(TAPS, TAPS) / 16
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-7)
+
+
+def test_strided_blur_of_an_impulse_samples_every_other_filtered_pixel():
+    # filtered rows/cols 2, 3, 4 are nonzero; stride 2 keeps 0, 2, 4, 6 -> taps 1 (row 2), 1 (row 4)
+    out = blur_2d(_impulse(7, 3), stride=2)
+    expected = torch.zeros(1, 1, 4, 4)
+    expected[..., 1:3, 1:3] = 1 / 16
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("blur_first", [True, False])
+def test_blurconv_of_an_impulse_is_the_scaled_strided_blur(blur_first):
+    # a 1x1 convolution of weight 3 commutes with the blur: both orders give 3 * strided blur
+    conv = nn.Conv2d(1, 1, 1, stride=2, bias=False)
+    with torch.no_grad():
+        conv.weight.fill_(3.0)
+    out = BlurConv2d.from_conv2d(conv, blur_first=blur_first)(_impulse(7, 3))
+    expected = torch.zeros(1, 1, 4, 4)
+    expected[..., 1:3, 1:3] = 3 / 16
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+
+
+def test_blurmaxpool_of_an_impulse():
+    # max over 2x2 windows at stride 1 turns the impulse at (3, 3) of 8x8 into a 2x2 block of ones
+    # at rows/cols 2..3 of 7x7; the stride-2 blur (zero padding 1) then weighs rows 2, 3 with taps
+    # (2, 1) for output row 1 and row 3 with tap 1 for output row 2: (0, 3, 1, 0) / 4 per axis
+    out = BlurMaxPool2d.from_maxpool2d(nn.MaxPool2d(2))(_impulse(8, 3))
+    axis = torch.tensor([0.0, 3.0, 1.0, 0.0])
+    torch.testing.assert_close(out[0, 0], torch.outer(axis, axis) / 16, rtol=0, atol=1e-7)

@@ -225,3 +225,21 @@ def test_fused_update_equals_the_reference_update(random_tree, opt, seed, dtype)
     assert tree_allclose(fused_params, ref_params, atol=tol, rtol=tol)
     assert tree_flatten(fused_state)[1] == tree_flatten(ref_state)[1]  # the same structure
     assert tree_allclose(fused_state, ref_state, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clipped_lion_in_float64_is_clipped_once(random_tree, dtype):
+    """Found by the property above (issue 17): float64 gradients were scaled by the clipping
+    factor before the kernels, and the Lion pass applied the factor a second time."""
+    opt = optim.chain(optim.clip_by_global_norm(0.1), optim.lion(1e-3))
+    params = random_tree(3, dtype=dtype)
+    ref_params, ref_state = tree_clone(params), opt.init(params)
+    fused_params, fused_state = tree_clone(params), opt.init(params)
+    for i in range(3):
+        grads = {k: 3 * v for k, v in random_tree(4 + i, dtype=dtype).items()}  # norm >> 0.1
+        updates, ref_state = opt.update(tree_clone(grads), ref_state, ref_params)
+        ref_params = optim.apply_updates(ref_params, updates)
+        fused_state = optim.fused_update(opt, tree_clone(grads), fused_state, fused_params)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert tree_allclose(fused_state, ref_state, atol=tol, rtol=tol)
+    assert tree_allclose(fused_params, ref_params, atol=tol, rtol=tol)

@@ -150,3 +150,28 @@ def test_package_reexports_every_public_name():
 def test_docstring_examples_run():
     assert doctest.testmod(S).failed == 0
     assert doctest.testmod(base).failed == 0
+
+
+def test_a_config_without_a_name_is_a_type_error_naming_it():
+    """Found by `python -m bench mutants` (issue 17): the check was untested."""
+    from functrain.schedules import from_config
+
+    with pytest.raises(TypeError, match="a dict with a 'name'"):
+        from_config({"t_max": "10ba"})
+    with pytest.raises(TypeError, match="a dict with a 'name'"):
+        from_config(["name"])
+
+
+def test_scaling_by_a_non_number_defers_to_the_other_operand():
+    """`Scaled * x` returns NotImplemented for non-numbers, so `x.__rmul__` answers (found by
+    `python -m bench mutants`: `or` -> `and` in the check survived)."""
+    from functrain.schedules import Scaled, cosine_annealing
+
+    class Knows:
+        def __rmul__(self, other):
+            return ("rmul", other)
+
+    scaled = Scaled(cosine_annealing(), 2.0)
+    assert scaled * Knows() == ("rmul", scaled)
+    with pytest.raises(TypeError):
+        scaled * "2"
