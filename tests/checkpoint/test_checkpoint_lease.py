@@ -76,7 +76,7 @@ def test_a_silent_owner_elsewhere_is_taken_over_after_its_ttl(tmp_path, caplog):
     manager = Manager(tmp_path, async_save=False)
     manager.save(tiny(1))  # waits until the record stayed unchanged for 0.5 s
     assert "took over the lease" in caplog.text and "not refreshed for 0.5s" in caplog.text
-    owner = lease.Owner.parse(open(tmp_path / layout.LEASE_FILE, "rb").read())
+    owner = lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
     assert owner.pid == os.getpid()
     manager.close()
     assert layout.LEASE_FILE not in os.listdir(tmp_path)  # released on close
@@ -113,6 +113,8 @@ def test_a_sigkilled_owner_on_this_machine_is_taken_over_at_once(tmp_path):
     finally:
         if child.poll() is None:
             child.kill()
+            child.wait()
+        child.stdout.close()
     # A one-hour ttl: only the dead-process rule can let this through without waiting.
     with Manager(tmp_path, async_save=False, lease_ttl=3600) as manager:
         assert manager.restore(tiny(0)).step == 1
@@ -148,7 +150,7 @@ def test_only_saves_and_restores_take_the_lease(tmp_path):
         manager.save(tiny(1))
         reader = Manager(tmp_path)  # listing is not owning
         assert reader.latest() == str(tmp_path / "step_000000001") and reader.checkpoints()
-        assert lease.Owner.parse(open(tmp_path / layout.LEASE_FILE, "rb").read()).pid == os.getpid()
+        assert lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes()).pid == os.getpid()
     unleased = Manager(tmp_path, async_save=False, lease_ttl=None)
     assert unleased.restore(tiny(0)).step == 1
     assert layout.LEASE_FILE not in os.listdir(tmp_path)
@@ -157,11 +159,11 @@ def test_only_saves_and_restores_take_the_lease(tmp_path):
 def test_the_lease_is_refreshed_while_the_run_lives(tmp_path):
     manager = Manager(tmp_path, async_save=False, lease_ttl=0.4)
     manager.save(tiny(1))
-    first = lease.Owner.parse(open(tmp_path / layout.LEASE_FILE, "rb").read())
+    first = lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the background refresher bumps the count
         time.sleep(0.1)
-        now = lease.Owner.parse(open(tmp_path / layout.LEASE_FILE, "rb").read())
+        now = lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
         if now.count > first.count:
             break
     assert now.count > first.count and now.token == first.token
@@ -205,5 +207,6 @@ def test_s3_two_processes_one_root(s3_server):  # noqa: F811
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
     with Manager(root, async_save=False, storage_options=options, lease_ttl=3600) as third:
         assert third.restore(tiny(0)).step == 1  # the owner died on this machine: at once
