@@ -185,7 +185,10 @@ def parent_of(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
     *path, child = name.split(".")
     parent = real_module(model)
     for part in path:
-        parent = real_module(parent._modules[part])
+        found = parent._modules[part]
+        if found is None:
+            raise ValueError(f"{name!r}: its parent {part!r} is None, not a module")
+        parent = real_module(found)
     return parent, child
 
 
@@ -244,14 +247,14 @@ class _Recomputed(StandIn):
 def _module_tensors(module: torch.nn.Module) -> list[tuple[dict, str, torch.Tensor, bool]]:
     """`(owner's dict, name, tensor, is_buffer)` for every parameter and buffer under `module`,
     as they are now (the tensors `functional_call` or a gather at use installed)."""
-    out = []
+    out: list[tuple[dict, str, torch.Tensor, bool]] = []
     for sub in module.modules():
         for name, tensor in sub._parameters.items():
             if tensor is not None:
                 out.append((sub._parameters, name, tensor, False))
-        for name, tensor in sub._buffers.items():
-            if tensor is not None:
-                out.append((sub._buffers, name, tensor, True))
+        for name, buffer in sub._buffers.items():
+            if buffer is not None:
+                out.append((sub._buffers, name, buffer, True))
     return out
 
 
