@@ -82,13 +82,8 @@ def apply_low_precision_layernorm(
             unchanged with a warning, as Composer does; None replaces (functrain's default).
         optimizers: Composer's argument; only None (see `module_surgery.reject_optimizers`).
     """
-    check_module(model, "apply_low_precision_layernorm")
-    reject_optimizers("apply_low_precision_layernorm", optimizers)
-    if not _applies(precision, "apply_low_precision_layernorm"):
-        return copy.deepcopy(model)
-    return replace_modules(
-        model,
-        lambda name, m: reclass(m, LPLayerNorm) if type(m) is nn.LayerNorm else None,
+    return _replace_norms(
+        model, precision, optimizers, "apply_low_precision_layernorm", nn.LayerNorm, LPLayerNorm
     )
 
 
@@ -104,13 +99,20 @@ def apply_low_precision_groupnorm(
             unchanged with a warning, as Composer does; None replaces (functrain's default).
         optimizers: Composer's argument; only None (see `module_surgery.reject_optimizers`).
     """
-    check_module(model, "apply_low_precision_groupnorm")
-    reject_optimizers("apply_low_precision_groupnorm", optimizers)
-    if not _applies(precision, "apply_low_precision_groupnorm"):
+    return _replace_norms(
+        model, precision, optimizers, "apply_low_precision_groupnorm", nn.GroupNorm, LPGroupNorm
+    )
+
+
+def _replace_norms(model, precision, optimizers, what: str, norm: type, low_precision: type):
+    """The shared body of the two `apply_low_precision_*` surgeries: checks, then a copy with
+    every exact `norm` reclassed as `low_precision` (or an unchanged copy where it has no effect)."""
+    check_module(model, what)
+    reject_optimizers(what, optimizers)
+    if not _applies(precision, what):
         return copy.deepcopy(model)
     return replace_modules(
-        model,
-        lambda name, m: reclass(m, LPGroupNorm) if type(m) is nn.GroupNorm else None,
+        model, lambda name, m: reclass(m, low_precision) if type(m) is norm else None
     )
 
 

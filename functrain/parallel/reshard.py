@@ -73,16 +73,13 @@ def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
         yield
         return
 
-    # partials, not closures: these run for every module call and every saved tensor
-    pre = torch.nn.modules.module.register_module_forward_pre_hook(
-        functools.partial(_before_module, inflight)
-    )
-    post = torch.nn.modules.module.register_module_forward_hook(
-        functools.partial(_after_module, inflight), always_call=True
-    )
     try:
-        with torch.autograd.graph.saved_tensors_hooks(
-            functools.partial(_pack, inflight), functools.partial(_unpack, inflight)
+        with (
+            gathering_modules(inflight),
+            # a partial, not a closure: it runs for every saved tensor
+            torch.autograd.graph.saved_tensors_hooks(
+                functools.partial(_pack, inflight), functools.partial(_unpack, inflight)
+            ),
         ):
             yield
     except RuntimeError as error:
@@ -94,8 +91,6 @@ def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
         )
         raise
     finally:
-        pre.remove()
-        post.remove()
         inflight.restore.clear()
 
 
@@ -119,6 +114,7 @@ def gathering_modules(inflight: InFlight | None) -> Iterator[None]:
     if inflight is None or not inflight.placeholders:
         yield
         return
+    # partials, not closures: these run for every module call
     pre = torch.nn.modules.module.register_module_forward_pre_hook(
         functools.partial(_before_module, inflight)
     )
