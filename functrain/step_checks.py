@@ -26,9 +26,7 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SHOWN = 5  # problems listed in one error
 
 
-def check_opt_state(
-    opt_state: Any, params: Mapping[str, torch.Tensor], layout: Any = None
-) -> None:
+def check_opt_state(opt_state: Any, params: Mapping[str, torch.Tensor], layout: Any = None) -> None:
     """Raise a clear error unless every per-parameter leaf of `opt_state` fits its parameter.
 
     A per-parameter leaf is a tensor stored under a parameter's name in a dict (how every

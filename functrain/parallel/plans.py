@@ -79,7 +79,9 @@ class Plan:
 
     def __post_init__(self) -> None:
         if not isinstance(self.offload, bool):
-            raise TypeError(f"plan {self.name!r}: offload must be True or False, got {self.offload!r}")
+            raise TypeError(
+                f"plan {self.name!r}: offload must be True or False, got {self.offload!r}"
+            )
         if self.offload and not self.shard:
             raise ValueError(
                 f"plan {self.name!r}: offload=True keeps each rank's *shards* in host memory, so "

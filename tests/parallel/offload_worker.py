@@ -73,8 +73,12 @@ VARIANTS = {
     "frozen": ({}, {}, adamw, {"frozen": True}),
     "dropout": ({}, {}, adamw, {"dropout": 0.1}),
     "amp_bf16": ({"reshard_after_forward": True}, {"precision": "amp_bf16"}, adamw, {}),
-    "param_dtype_bf16": ({"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}, {},
-                         adamw, {}),  # fmt: skip
+    "param_dtype_bf16": (
+        {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32},
+        {},
+        adamw,
+        {},
+    ),  # fmt: skip
 }
 
 
