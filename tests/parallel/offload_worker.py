@@ -135,10 +135,15 @@ def where(state) -> dict:
     return {"params": sorted(params), "opt": sorted(opt), "offload": sorted(policies)}
 
 
-def compare(mesh) -> dict:
+def compare(mesh, replicas) -> dict:
+    """Each variant offloaded and not; "replicas" is "fsdp" on a mesh of 2 replicas of one
+    shard (hsdp's replicate dim: whole tensors, gradients all-reduced)."""
     results = {}
-    for name in VARIANTS:
-        off, on = run(name, mesh, offload=True), run(name, mesh, offload=False)
+    for name in [*VARIANTS, "replicas"]:
+        on_mesh = replicas if name == "replicas" else mesh
+        name = "fsdp" if name == "replicas" else name
+        off, on = run(name, on_mesh, offload=True), run(name, on_mesh, offload=False)
+        name = "replicas" if on_mesh is replicas else name
         state = off["state"]
         trainable = {k: state.params[k] for k in off["trainable"]}
         results[name] = {
@@ -153,6 +158,8 @@ def compare(mesh) -> dict:
         }
         if name in ("fsdp", "reshard", "microbatch", "clip_host_norm", "unfused_sgd", "frozen"):
             results[name]["vs_one_process"] = max_error(off["params"], run(name)["params"])
+        if name == "replicas":
+            results[name]["vs_one_process"] = max_error(off["params"], run("fsdp")["params"])
     return results
 
 
@@ -227,7 +234,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rank, world = fdist.init_distributed(timeout_s=120)
     mesh = fdist.init_mesh(dp_shard=-1)
-    results = {"world": world, "variants": compare(mesh), "fit": fit_runs(mesh, args.dir)}
+    replicas = fdist.init_mesh(dp_shard=1, dp_replicate=-1) if world > 1 else mesh
+    results = {"world": world, "variants": compare(mesh, replicas)}
+    results["fit"] = fit_runs(mesh, args.dir)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

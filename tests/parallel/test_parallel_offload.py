@@ -39,7 +39,7 @@ def _batches(n=3):
     return [(torch.randn(4, 3, generator=gen), torch.randn(4, 2, generator=gen)) for _ in range(n)]
 
 
-def _setup(mesh, plan, loss=None, donate=True, opt=None):
+def _setup(mesh, plan, loss=None, donate=True, opt=None, **options):
     torch.manual_seed(0)
     model = Net()
     opt = opt or functrain.optim.adamw(1e-2)
@@ -48,7 +48,7 @@ def _setup(mesh, plan, loss=None, donate=True, opt=None):
     def mse(model, batch):
         return F.mse_loss(model(batch[0]), batch[1])
 
-    return model, state, functrain.make_step(model, loss or mse, opt, donate=donate)
+    return model, state, functrain.make_step(model, loss or mse, opt, donate=donate, **options)
 
 
 def _locals(tree) -> list[torch.Tensor]:
@@ -144,11 +144,16 @@ def test_each_step_copies_the_shards_to_the_device_and_the_gradients_back(mesh1)
     assert not fdist.COUNTER.payload_bytes  # nothing copied without offload
 
 
-def test_offloaded_steps_equal_plain_ones_pure_and_donated_and_evaluation_too(mesh1):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"precision": "amp_fp16"}, {"skip_nonfinite": True}],
+    ids=["fp32", "fp16", "skip"],
+)
+def test_offloaded_steps_equal_plain_ones_pure_and_donated_and_evaluation_too(mesh1, options):
     results = {}
     for plan in (OFFLOAD, "fsdp"):
         for donate in (True, False):
-            _, state, step = _setup(mesh1, plan, donate=donate)
+            _, state, step = _setup(mesh1, plan, donate=donate, **options)
             for batch in _batches():
                 state, metrics = step(state, batch)
             x = _batches(1)[0][0]
@@ -158,6 +163,20 @@ def test_offloaded_steps_equal_plain_ones_pure_and_donated_and_evaluation_too(me
     for key, (params, out, norm) in results.items():
         assert all(torch.equal(params[k], reference[0][k]) for k in params), key
         assert torch.equal(out, reference[1]) and torch.equal(norm, reference[2]), key
+
+
+@pytest.mark.slow
+def test_compile_step_of_an_offloaded_state_equals_the_eager_step(mesh1):
+    results = []
+    for compiled in (False, True):
+        _, state, step = _setup(mesh1, OFFLOAD)
+        step = functrain.compile_step(step) if compiled else step
+        for batch in _batches():
+            state, _ = step(state, batch)
+        assert {str(t.device) for t in _locals(state.params)} == {"cpu"}
+        results.append(fdist.full_params(state.params))
+    for name, value in results[0].items():
+        torch.testing.assert_close(results[1][name], value, rtol=0, atol=1e-5)
 
 
 def test_a_pure_offloaded_step_leaves_its_input_state_alone(mesh1):
@@ -224,7 +243,7 @@ def results(tmp_path_factory):
 
 
 VARIANTS = ["fsdp", "reshard", "microbatch", "pure_step", "clip_host_norm", "unfused_sgd",
-            "frozen", "dropout", "amp_bf16", "param_dtype_bf16"]  # fmt: skip
+            "frozen", "dropout", "amp_bf16", "param_dtype_bf16", "replicas"]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -238,7 +257,8 @@ def test_two_ranks_offloaded_equal_two_ranks_plain_bit_for_bit(results, variant)
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "variant", ["fsdp", "reshard", "microbatch", "clip_host_norm", "unfused_sgd", "frozen"]
+    "variant",
+    ["fsdp", "reshard", "microbatch", "clip_host_norm", "unfused_sgd", "frozen", "replicas"],
 )
 def test_two_ranks_offloaded_match_one_process(results, variant):
     assert results["variants"][variant]["vs_one_process"] <= 1e-5
