@@ -33,7 +33,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,8 +43,6 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
     from .layout import Layout
-
-HOST = torch.device("cpu")
 
 
 def compute_device(mesh) -> torch.device:
@@ -103,7 +100,7 @@ def is_offloaded(layout: Layout | None) -> bool:
     return layout is not None and layout.offloaded
 
 
-def _offloaded_dtensors(tree: Mapping[str, Any], layout: Layout):
+def _offloaded_dtensors(tree: dict[str, Any], layout: Layout):
     from torch.distributed.tensor import DTensor
 
     for name, value in tree.items():
@@ -113,7 +110,7 @@ def _offloaded_dtensors(tree: Mapping[str, Any], layout: Layout):
                 yield name, value, policy
 
 
-def to_compute(params: Mapping[str, Any], layout: Layout | None) -> dict[str, Any]:
+def to_compute(params: dict[str, Any], layout: Layout | None) -> dict[str, Any]:
     """`params` with each offloaded shard copied to the compute device (identity otherwise).
 
     The copies are new tensors that do not require grad (the step makes its leaves from them);
@@ -126,7 +123,7 @@ def to_compute(params: Mapping[str, Any], layout: Layout | None) -> dict[str, An
         `{name: tensor}` in the same order; the host tensors are left as they are.
     """
     if not is_offloaded(layout):
-        return params  # type: ignore[return-value]  # the same object: nothing to copy
+        return params  # the same object: nothing to copy
     device = compute_device(layout.mesh)
     out = dict(params)
     for name, value, _ in _offloaded_dtensors(params, layout):
@@ -138,11 +135,11 @@ def to_compute(params: Mapping[str, Any], layout: Layout | None) -> dict[str, An
     return out
 
 
-def grads_to_host(grads: Mapping[str, Any], layout: Layout | None) -> dict[str, Any]:
+def grads_to_host(grads: dict[str, Any], layout: Layout | None) -> dict[str, Any]:
     """Offloaded parameters' gradient shards copied to host memory (identity otherwise).
 
-    Call it once the reductions have finished (after `finalize_grads`): a gradient of the
-    backward pass is only valid then. On CUDA the copies go into pinned memory without blocking
+    Call it after `finalize_grads`, which finishes every reduction still in flight: a reduced
+    gradient is only complete then. On CUDA the copies go into pinned memory without blocking
     and one synchronisation of the current stream ends them, so the host update reads them
     complete.
 
@@ -153,7 +150,7 @@ def grads_to_host(grads: Mapping[str, Any], layout: Layout | None) -> dict[str, 
         `{name: gradient}`, host DTensors for the offloaded parameters.
     """
     if not is_offloaded(layout):
-        return grads  # type: ignore[return-value]
+        return grads
     pinnable = pins(layout.mesh)
     out = dict(grads)
     waits = False

@@ -8,6 +8,9 @@
     tp       Column/row-parallel Linear layers sharded on `tp` (see `tensor_parallel`).
     tp+fsdp  both (FSDP takes a dim that TP leaves whole); also "tp+ddp", "tp+hsdp".
 
+With `fsdp(offload=True)` each rank's shards are placed in host memory instead (pinned on CUDA),
+and the step copies them to the device when it runs (see `parallel.offload`).
+
 `shard_params(model, params, mesh=mesh, plan=plan)` (called by `functrain.init`) turns the model's
 parameters into DTensors and *puts those same DTensors back into the model*, as FSDP2 does: no rank
 keeps a full copy of a sharded parameter, and the state's tensors are the model's. It returns them
@@ -362,10 +365,7 @@ def shard_params(
                 "tensor-parallel; leave its Linear out of the tp plan"
             )
 
-    if mesh.device_type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device(mesh.device_type)
+    device = offload.compute_device(mesh)
     name_of = {(id(m), a): name for name, entries in owners.items() for m, a, _ in entries}
     result: dict[str, torch.Tensor] = {}
 
