@@ -122,7 +122,7 @@ def to_compute(params: dict[str, Any], layout: Layout | None) -> dict[str, Any]:
     Returns:
         `{name: tensor}` in the same order; the host tensors are left as they are.
     """
-    if not is_offloaded(layout):
+    if layout is None or not layout.offloaded:
         return params  # the same object: nothing to copy
     device = compute_device(layout.mesh)
     out = dict(params)
@@ -149,7 +149,7 @@ def grads_to_host(grads: dict[str, Any], layout: Layout | None) -> dict[str, Any
     Returns:
         `{name: gradient}`, host DTensors for the offloaded parameters.
     """
-    if not is_offloaded(layout):
+    if layout is None or not layout.offloaded:
         return grads
     pinnable = pins(layout.mesh)
     out = dict(grads)
