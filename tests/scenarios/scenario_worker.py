@@ -31,6 +31,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -290,7 +291,7 @@ def launcher_pids(batch_dir: str) -> list[int]:
     if not os.path.isdir(folder):
         return []
     return [
-        int(open(os.path.join(folder, n)).read())
+        int(Path(os.path.join(folder, n)).read_text())
         for n in sorted(os.listdir(folder))
         if n.startswith("launcher")
     ]
@@ -299,7 +300,7 @@ def launcher_pids(batch_dir: str) -> list[int]:
 def kill_job(batch_dir: str) -> None:
     """SIGKILL every process of the job -- launchers and ranks -- this one last (a crash)."""
     folder = os.path.join(batch_dir, "pids")
-    pids = [int(open(os.path.join(folder, n)).read()) for n in os.listdir(folder)]
+    pids = [int(Path(os.path.join(folder, n)).read_text()) for n in os.listdir(folder)]
     for pid in pids:
         if pid != os.getpid():
             try:
