@@ -184,9 +184,11 @@ def compare_runs(s: Scenario, ref: Job, run: Job, notes: list[str]) -> list[str]
                 break
             continue
         else:
-            tol, how = loss_tol, f"within {loss_tol:g} after the rank change"
+            tol, how = loss_tol, f"within {loss_tol:g} (relative above 1) after the rank change"
             worst = max(worst, abs(a - b))
-        if not (_same(a, b) or abs(a - b) <= tol):
+        # relative above 1: the fp16 rows' engineered overflow step has a loss in the thousands,
+        # where float32 itself resolves only ~1e-4 (seen: 3346.38208 vs 3346.38184 on 1 rank)
+        if not (_same(a, b) or abs(a - b) <= tol * max(1.0, abs(a))):
             problems.append(f"the loss of step {step} is {b!r}, the reference's {a!r} (want {how})")
             break
     ref_t, ref_s = _final(ref)
