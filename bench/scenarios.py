@@ -2,8 +2,8 @@
 
 CI (`python -m pytest tests/scenarios`) runs a pairwise design: every two axis values meet in some
 scenario. This command runs a strength-3 covering design by default (every three values meet,
-about 215 scenarios), or the whole cross product (`--design full`, 7,128 interrupted scenarios:
-about 11 hours on the 2-core machine at the measured ~5 s a scenario), with the same harness and
+206 scenarios), or the whole cross product (`--design full`, 7,056 interrupted scenarios: about
+11 hours on the 2-core machine at the measured ~5 s a scenario), with the same harness and
 checks (tests/scenarios/scenario_harness.py), and prints one row per scenario: result, time, the
 known bugs that apply, and the first problem found.
 

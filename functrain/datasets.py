@@ -250,7 +250,10 @@ def _sdist_texts(folder: str) -> dict[str, str]:
         for member in archive.getmembers():
             name = Path(member.name).name
             if member.isfile() and name.endswith("_gut.txt") and f"/{folder}/texts/" in member.name:
-                raw = archive.extractfile(member).read().decode("utf-8", errors="replace")
+                handle = archive.extractfile(member)
+                if handle is None:  # not a regular file's data after all
+                    continue
+                raw = handle.read().decode("utf-8", errors="replace")
                 works[name[: -len("_gut.txt")]] = strip_gutenberg(raw.replace("\r\n", "\n"))
     if not works:
         raise DatasetNotFound(

@@ -235,7 +235,7 @@ def scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float
     # Imported here: functrain.loggers imports the callbacks, which import this module.
     from .loggers.base import to_floats
 
-    def without_flags(tree: dict[str, Any]) -> dict[str, Any]:
+    def without_flags(tree: Mapping[str, Any]) -> dict[str, Any]:
         # Flags (a bool such as "skipped") are not measurements; to_floats would keep them.
         return {
             k: without_flags(v) if isinstance(v, Mapping) else v

@@ -145,7 +145,7 @@ def _named_for(model: torch.nn.Module, params: dict, buffers: dict) -> dict[str,
     """One tensor per `model.state_dict()` key, tied weights under each of their names."""
     canonical: dict[int, str] = {}
     alias: dict[str, str] = {}
-    named = list(model.named_parameters(remove_duplicate=False))
+    named: list[tuple[str, torch.Tensor]] = list(model.named_parameters(remove_duplicate=False))
     named += list(model.named_buffers(remove_duplicate=False))
     for name, tensor in named:
         alias[name] = canonical.setdefault(id(tensor), name)

@@ -107,6 +107,7 @@ class FitOptions:
                 without checkpoints. TypeError: a logger without `log_metrics`.
         """
         parsed = parse_time(duration, "duration")
+        assert parsed is not None  # allow_none=False: parse_time raised on None
         if parsed.unit is TimeUnit.DURATION:
             raise ValueError(
                 f"fit(duration={duration!r}): the duration cannot be a fraction of itself; use "

@@ -108,7 +108,8 @@ class Every:
 
     def at_epoch_end(self, ts: Timestamp) -> bool:
         """True when the epoch that ended at `ts` (already advanced to the next) is due."""
-        return self.by_epoch and ts.epoch % int(self.interval.value) == 0
+        interval = self.interval
+        return self.by_epoch and interval is not None and ts.epoch % int(interval.value) == 0
 
 
 def data_batches_per_epoch(source: DataSource) -> int:

@@ -168,7 +168,7 @@ def make_figure(series: Series, name: str) -> Any:
         if not axes.get_ylabel():
             axes.set_ylabel(YLABELS[title])
         axes.grid(True, alpha=0.3)
-        axes.legend(lines, [line.get_label() for line in lines], fontsize=7)
+        axes.legend(lines, [str(line.get_label()) for line in lines], fontsize=7)
     figure.suptitle(name)
     figure.tight_layout()
     return figure

@@ -71,6 +71,7 @@ def on_exit(callback: Callable[[], None]) -> None:
     Example:
         >>> on_exit(manager.close)   # a checkpoint manager still open at exit is closed
     """
+    ref: Callable[[], Callable[[], None] | None]
     if hasattr(callback, "__self__") and hasattr(callback, "__func__"):
         ref = weakref.WeakMethod(callback)
     else:

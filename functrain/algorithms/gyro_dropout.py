@@ -98,7 +98,7 @@ def gyro_dropout(
     if (iters_per_epoch is None) != (max_epoch is None):
         raise ValueError("gyro_dropout takes iters_per_epoch and max_epoch together, or neither")
     total = None
-    if iters_per_epoch is not None:
+    if iters_per_epoch is not None and max_epoch is not None:  # both or neither (checked above)
         if int(iters_per_epoch) <= 0 or int(max_epoch) <= 0:
             raise ValueError(
                 f"iters_per_epoch and max_epoch must be positive, got {iters_per_epoch}, {max_epoch}"

@@ -124,7 +124,7 @@ def render_grid(
         left=0.02, right=0.98, bottom=0.02, top=1 - top_margin, wspace=0.08, hspace=0.35
     )
     figure.canvas.draw()
-    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
+    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()  # type: ignore[attr-defined]  # Agg
 
 
 class ImageVisualizer:

@@ -82,10 +82,11 @@ class RuntimeEstimator:
             return
         unit = _SECONDS_PER_UNIT[self.time_unit]
         ts = ctx.timestamp
+        began = self._fit_began if self._fit_began is not None else time.perf_counter()
         ctx.log(
             {
                 "time/remaining_estimate": remaining / unit,
-                "time/elapsed": (time.perf_counter() - self._fit_began) / unit,
+                "time/elapsed": (time.perf_counter() - began) / unit,
                 "time/progress": ts.batch / ts.max_batches,
             }
         )

@@ -112,7 +112,8 @@ class SpeedMonitor:
 
     def _train_clock(self) -> float:
         """Seconds of training in this fit call so far, evaluation left out."""
-        return time.perf_counter() - self._fit_began - self._eval_sec_this_fit
+        began = time.perf_counter() if self._fit_began is None else self._fit_began
+        return time.perf_counter() - began - self._eval_sec_this_fit
 
     def fit_start(self, ctx: Any) -> None:
         self._fit_began = time.perf_counter()

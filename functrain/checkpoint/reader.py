@@ -333,8 +333,8 @@ def load(
         values = _read_all(desc, [(r.key, None, r) for r in wanted], inplace=False)
         return {r.key: values[r.key] for r in wanted}
     leaves, paths, _, treedef = leaf_paths(like)
-    wanted = [_wanted(p, patterns, weights_only) for p in paths]
-    missing = [".".join(p) for p, w in zip(paths, wanted) if w and p not in by_path]
+    wanted_paths = [_wanted(p, patterns, weights_only) for p in paths]
+    missing = [".".join(p) for p, w in zip(paths, wanted_paths) if w and p not in by_path]
     known = set(paths)
     unknown = [
         r.key
@@ -345,7 +345,7 @@ def load(
         raise CheckpointMismatchError(_mismatch_message(desc.loc.url, missing, unknown))
     jobs = [
         (i, leaf, by_path[p])
-        for i, (leaf, p, w) in enumerate(zip(leaves, paths, wanted))
+        for i, (leaf, p, w) in enumerate(zip(leaves, paths, wanted_paths))
         if w and p in by_path
     ]
     values = _read_all(desc, jobs, inplace=inplace)

@@ -35,9 +35,9 @@ def committed_steps(root: storage.Location) -> list[tuple[int, storage.Location]
         found = [(s, loc) for s, loc in steps if writer.committed(loc)]
     else:  # one listing instead of one request per directory
         found = [
-            (layout.dir_step(m.group(1)), root.child(m.group(1)))
+            (step, root.child(m.group(1)))
             for key in storage.list_keys(root)
-            if (m := _COMMIT_KEY.match(key))
+            if (m := _COMMIT_KEY.match(key)) and (step := layout.dir_step(m.group(1))) is not None
         ]
     return sorted(found, key=lambda item: item[0])
 

@@ -130,7 +130,7 @@ def stage(
             "{'name': tensor}"
         )
     staged, seen, nbytes = [], set(), 0
-    device_copies = []
+    device_copies: list[torch.Tensor] = []
     for leaf, path, types in zip(leaves, paths, key_types):
         record = layout.LeafRecord(path=path, key_types=types, kind="")
         layout.check_key(record.key, "saving")
@@ -149,7 +149,7 @@ def stage(
     if device_copies and torch.cuda.is_available():
         torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
     timestamp = getattr(state, "timestamp", None)
-    if dataclasses.is_dataclass(timestamp):
+    if dataclasses.is_dataclass(timestamp) and not isinstance(timestamp, type):
         timestamp = dataclasses.asdict(timestamp)
     step = getattr(state, "step", None)
     return Staged(

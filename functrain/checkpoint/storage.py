@@ -371,7 +371,7 @@ def list_keys(loc: Location) -> list[str]:
     """Every file below `loc`, as paths relative to it."""
     if loc.is_local:
         root = loc.local_path
-        out = []
+        out: list[str] = []
         for dirpath, _, files in os.walk(root):
             rel = os.path.relpath(dirpath, root)
             out.extend(f if rel == "." else f"{rel}/{f}" for f in files)
@@ -422,7 +422,7 @@ def copy_dir(src: Location, dst: Location) -> None:
     for start in range(0, len(keys), 64):
         batch = keys[start : start + 64]
         reads = [(key, source.read(key)) for key in batch]
-        writes = []
+        writes: list[Any] = []  # the write futures (tensorstore's, typed apart from reads')
         for key, future in reads:
             result = future.result()
             if result.state == "value":

@@ -77,7 +77,7 @@ def apply_random_chain(
     """
     n = images.shape[0]
     per_image = isinstance(depths, torch.Tensor)
-    length = int(depths.max()) if per_image else depths
+    length = int(depths.max()) if isinstance(depths, torch.Tensor) else depths
     for link in range(length):
         choice = torch.randint(len(ops), (n,), generator=generator)
         active = depths > link if per_image else None

@@ -31,7 +31,7 @@ from .sampling import beta, randint, require_generator
 BBox = tuple[int, int, int, int]
 
 
-def sample_cutmix_lambda(alpha: float, generator: torch.Generator) -> float:
+def sample_cutmix_lambda(alpha: float, generator: torch.Generator | None) -> float:
     """`lambda ~ Beta(alpha, alpha)` (0 when `alpha == 0`); the box covers about `1 - lambda`."""
     if alpha < 0:
         raise ValueError(f"cutmix alpha must be >= 0, got {alpha}")

@@ -41,6 +41,9 @@ class GyroDropout(nn.Module):
         tau: masks active per step (the batch size must be a multiple of it).
     """
 
+    mask_seed: torch.Tensor  # buffers (registered in __init__), typed for the checker
+    mask_index: torch.Tensor
+
     def __init__(self, p: float = 0.5, sigma: int = 256, tau: int = 16):
         super().__init__()
         if not 0 <= p < 1:

@@ -26,12 +26,12 @@ from .batch import num_rows, take
 from .sampling import beta, require_generator
 
 
-def sample_mixing(alpha: float, generator: torch.Generator) -> float:
+def sample_mixing(alpha: float, generator: torch.Generator | None) -> float:
     """MixUp's coefficient: `min(z, 1 - z)` with `z ~ Beta(alpha, alpha)`; 0 when `alpha == 0`.
 
     Args:
         alpha: the Beta distribution's pseudocount, >= 0.
-        generator: where the draw comes from.
+        generator: where the draw comes from (None: an error naming the fix, when alpha > 0).
     Returns:
         a float in `[0, 0.5]`.
     """

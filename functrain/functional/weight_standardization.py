@@ -51,7 +51,7 @@ class StandardizedConv3d(nn.Conv3d):
         return self._conv_forward(x, standardize_weight(self.weight), self.bias)
 
 
-_STANDARDIZED = {
+_STANDARDIZED: dict[type[nn.Module], type[nn.Module]] = {
     nn.Conv1d: StandardizedConv1d,
     nn.Conv2d: StandardizedConv2d,
     nn.Conv3d: StandardizedConv3d,

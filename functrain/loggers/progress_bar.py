@@ -121,7 +121,9 @@ class ProgressBar(Logger):
         self._last_batch = -1
         duration = getattr(ctx, "duration", None)
         unit = getattr(getattr(duration, "unit", None), "value", None)
-        self._epochs = f"/{format_value(float(duration.value))}" if unit == "ep" else ""
+        self._epochs = ""
+        if unit == "ep" and duration is not None:
+            self._epochs = f"/{format_value(float(duration.value))}"
         self._lines = mode == "lines"
         if mode != "bar" or self.train_bar is not None:
             return

@@ -97,10 +97,11 @@ class Attention(nn.Module):
         shape = (batch, length, self.n_head, width // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         dropout = self.dropout if self.training else 0.0
-        if self.alibi_slopes is None:
+        slopes = self.alibi_slopes
+        if not isinstance(slopes, torch.Tensor):  # the slot holds None: no ALiBi
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
-            bias = alibi_bias(self.alibi_slopes.float(), length).to(q.dtype)
+            bias = alibi_bias(slopes.float(), length).to(q.dtype)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
         y = y.transpose(1, 2).reshape(batch, length, width)
         return self.resid_dropout(self.proj(y))

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -48,10 +49,10 @@ def run_rank(rank: int, world: int, rendezvous: str, root: str, out: str) -> Non
         dist.barrier()
         if rank == 0:  # the last rank's chunk of step 2 (chunks follow the shards)
             chunk = os.path.join(root, "step_000000002", "params.w", "c", str(world - 1), "0")
-            data = bytearray(open(chunk, "rb").read())
+            data = bytearray(Path(chunk).read_bytes())
             data[3] ^= 0x20
             os.unlink(chunk)
-            open(chunk, "wb").write(bytes(data))
+            Path(chunk).write_bytes(bytes(data))
         dist.barrier()
         strict = checkpoint.Manager(root, every=None, fallback=False)
         try:
@@ -68,7 +69,7 @@ def run_rank(rank: int, world: int, rendezvous: str, root: str, out: str) -> Non
         seen["step"] = restored.step
         expected = state(1, mesh).params["w"].to_local()
         seen["values"] = bool(torch.equal(restored.params["w"].to_local(), expected))
-        seen["lease"] = json.load(open(os.path.join(root, "LEASE.json")))["pid"]
+        seen["lease"] = json.loads(Path(os.path.join(root, "LEASE.json")).read_text())["pid"]
         dist.barrier()
         seen["after"] = sorted(n for n in os.listdir(root) if n.startswith("step_"))
         manager.close()

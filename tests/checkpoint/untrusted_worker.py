@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import sys
+from pathlib import Path
 
 import torch
 
@@ -238,7 +239,7 @@ def warm_up(path: str) -> None:
 
 def main() -> None:
     jobs_file, results_file, limit_mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    jobs = json.load(open(jobs_file))
+    jobs = json.loads(Path(jobs_file).read_text())
     warm_up(results_file + ".warmup")
     reference(1)
     with open("/proc/self/statm") as f:

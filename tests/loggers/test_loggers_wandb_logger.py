@@ -7,6 +7,7 @@ import glob
 import json
 import struct
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def wandb_records(path: str) -> list:
     LevelDB-style log blocks of 32 KiB whose records are (crc32, length, type) + data."""
     from wandb.proto import wandb_internal_pb2
 
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     assert data[:4] == b":W&B"
     pos, block, records, pending = 7, 32768, [], b""
     while pos + 7 <= len(data):

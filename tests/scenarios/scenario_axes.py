@@ -3,8 +3,9 @@
 Axes (issue 11, "The scenario matrix"):
 
 - algorithm: none; `recipe` (EMA + label smoothing + MixUp + CutMix); SWA; SAM; BlurPool (surgery,
-  through `apply_surgery`); sequence-length warm-up (on a GPT; every other value trains a CNN on
-  scikit-learn's digits, so the model is a function of the algorithm and no pair is lost to it);
+  through `apply_surgery`); sequence-length warm-up and activation checkpointing of every block
+  (both on a GPT; every other value trains a CNN on scikit-learn's digits, so the model is a
+  function of the algorithm and no pair is lost to it);
 - precision: fp32, amp_bf16, amp_fp16 (each fp16 run has a batch engineered to overflow);
 - layout: one process; DDP, FSDP and FSDP with `reshard_after_forward` on 2 ranks under
   `functrain.launch`; two simulated nodes of one rank each (two `functrain.launch --nnodes 2
@@ -33,7 +34,7 @@ from typing import Any
 from scenario_covering import Forbidden
 
 AXES: dict[str, list[str]] = {
-    "algorithm": ["none", "recipe", "swa", "sam", "blurpool", "seq_warmup"],
+    "algorithm": ["none", "recipe", "swa", "sam", "blurpool", "seq_warmup", "act_ckpt"],
     "precision": ["fp32", "amp_bf16", "amp_fp16"],
     "layout": ["single", "ddp", "fsdp", "fsdp_raf", "two_nodes"],
     "microbatch": ["off", "on"],

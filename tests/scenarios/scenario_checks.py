@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+from pathlib import Path
 
 from scenario_axes import Scenario
 from scenario_jobs import TOTAL_STEPS, Job, finished, read_progress, tail
@@ -57,12 +58,12 @@ def why_failed(job: Job) -> str:
     path = os.path.join(job.dir, "failed")
     if not os.path.exists(path):
         return "it did not finish"
-    reason = _last_error(open(path, errors="replace").read())
+    reason = _last_error(Path(path).read_text(errors="replace"))
     per_rank = {}
     for name in sorted(os.listdir(job.dir)):
         if name.startswith("error.rank") and name.endswith(".txt"):
             rank = name[len("error.rank") : -len(".txt")]
-            per_rank[rank] = _last_error(open(os.path.join(job.dir, name), errors="replace").read())
+            per_rank[rank] = _last_error(Path(job.dir, name).read_text(errors="replace"))
     others = {r: e for r, e in per_rank.items() if e != reason}
     if others:
         reason += " [" + "; ".join(f"rank {r}: {e}" for r, e in others.items()) + "]"
@@ -148,7 +149,7 @@ def _stop_step(run: Job) -> int:
     """The step a rank change stopped at (from the event's note)."""
     note = os.path.join(run.dir, "events", "0.fired")
     try:
-        return int(open(note).read().split()[1])
+        return int(Path(note).read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return 0
 
@@ -183,9 +184,11 @@ def compare_runs(s: Scenario, ref: Job, run: Job, notes: list[str]) -> list[str]
                 break
             continue
         else:
-            tol, how = loss_tol, f"within {loss_tol:g} after the rank change"
+            tol, how = loss_tol, f"within {loss_tol:g} (relative above 1) after the rank change"
             worst = max(worst, abs(a - b))
-        if not (_same(a, b) or abs(a - b) <= tol):
+        # relative above 1: the fp16 rows' engineered overflow step has a loss in the thousands,
+        # where float32 itself resolves only ~1e-4 (seen: 3346.38208 vs 3346.38184 on 1 rank)
+        if not (_same(a, b) or abs(a - b) <= tol * max(1.0, abs(a))):
             problems.append(f"the loss of step {step} is {b!r}, the reference's {a!r} (want {how})")
             break
     ref_t, ref_s = _final(ref)
@@ -244,7 +247,7 @@ def check_interruption(s: Scenario, run: Job, launches: list[dict]) -> tuple[lis
         ], notes
     rec = fired[0]
     note_file = os.path.join(run.dir, "events", "0.fired")
-    note = open(note_file).read() if os.path.exists(note_file) else ""
+    note = Path(note_file).read_text() if os.path.exists(note_file) else ""
     notes.append(
         f"{s.interruption} at {note.split(' /')[0]}; launch rc={rec['rcs']} in {rec['seconds']}s"
     )
@@ -286,4 +289,4 @@ def job_seconds(job: Job | None) -> float:
     path = os.path.join(job.dir, "seconds")
     if not os.path.exists(path):
         return 0.0
-    return sum(float(x) for x in open(path).read().split())
+    return sum(float(x) for x in Path(path).read_text().split())

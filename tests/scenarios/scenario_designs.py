@@ -38,7 +38,7 @@ def _design(strength: int) -> tuple[Scenario, ...]:
 
 
 def ci_scenarios() -> list[Scenario]:
-    """The pairwise design (about 40 scenarios)."""
+    """The pairwise design (43 scenarios: at least the 7 x 6 pairs of algorithm and interruption)."""
     return list(_design(2))
 
 

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from scenario_axes import Scenario
 from scenario_checks import (
@@ -112,7 +113,7 @@ def _kill_all(procs: list[subprocess.Popen], pid_dir: str) -> None:
         for name in os.listdir(pid_dir):
             if name.startswith("rank"):
                 try:
-                    pids.append(int(open(os.path.join(pid_dir, name)).read()))
+                    pids.append(int(Path(os.path.join(pid_dir, name)).read_text()))
                 except ValueError:
                     pass
     for pid in pids:
@@ -182,7 +183,7 @@ def run_batch(batch: Batch, log: Callable[[str], None] = lambda s: None) -> None
                 _kill_all(procs, pid_dir)
                 proc.wait()
         seconds = time.monotonic() - started
-        running = open(current).read().strip() if os.path.exists(current) else None
+        running = Path(current).read_text().strip() if os.path.exists(current) else None
         fired_now = {
             j.id: sorted(fired(j) - fired_before[j.id])
             for j in batch.jobs

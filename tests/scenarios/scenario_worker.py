@@ -31,6 +31,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -66,9 +67,14 @@ def tiny_cnn() -> nn.Module:
     )  # fmt: skip
 
 
+# the algorithms that train the GPT (the others train the CNN)
+GPT_ALGORITHMS = ("seq_warmup", "act_ckpt")
+
+
 def tiny_gpt() -> nn.Module:
+    """Two blocks: activation checkpointing then recomputes more than one module."""
     config = functrain.models.GPTConfig(
-        vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, mlp_ratio=2
+        vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16, mlp_ratio=2
     )
     return functrain.models.GPT(config)
 
@@ -138,6 +144,8 @@ def algorithms_for(name: str) -> list:
         return [
             alg.seq_length_warmup(duration=0.5, min_seq_length=4, max_seq_length=16, step_size=4)
         ]
+    if name == "act_ckpt":  # every block's activations recomputed in backward (issue 16)
+        return [alg.activation_checkpointing("Block")]
     raise ValueError(f"unknown algorithm axis value {name!r}")
 
 
@@ -283,7 +291,7 @@ def launcher_pids(batch_dir: str) -> list[int]:
     if not os.path.isdir(folder):
         return []
     return [
-        int(open(os.path.join(folder, n)).read())
+        int(Path(os.path.join(folder, n)).read_text())
         for n in sorted(os.listdir(folder))
         if n.startswith("launcher")
     ]
@@ -292,7 +300,7 @@ def launcher_pids(batch_dir: str) -> list[int]:
 def kill_job(batch_dir: str) -> None:
     """SIGKILL every process of the job -- launchers and ranks -- this one last (a crash)."""
     folder = os.path.join(batch_dir, "pids")
-    pids = [int(open(os.path.join(folder, n)).read()) for n in os.listdir(folder)]
+    pids = [int(Path(os.path.join(folder, n)).read_text()) for n in os.listdir(folder)]
     for pid in pids:
         if pid != os.getpid():
             try:
@@ -309,7 +317,7 @@ def build(config: dict, mesh, layout: str, data_cache: str | None = None):
     """`(step, state, loader)` for a training configuration, built as a user would."""
     algorithms = algorithms_for(config["algorithm"])
     torch.manual_seed(0)  # the initial weights
-    if config["algorithm"] == "seq_warmup":
+    if config["algorithm"] in GPT_ALGORITHMS:
         model, data, loss_fn = tiny_gpt(), token_data(config["precision"]), gpt_loss
     else:
         model = tiny_cnn()
