@@ -84,6 +84,7 @@ def test_overhead_start_up_row_pairs_torch_and_functrain_imports(tmp_path):
     ]
     assert row["over_torch_s"] == pytest.approx(sum(pairs) / 2)  # median of two differences
     assert row["heavy"] == []  # a bare `import functrain` loads none of them
+    assert row["after_torch_cpu_s"] > 0  # functrain imported alone, after torch and a gc
     assert row["modules"]["functrain"] > row["modules"]["torch"]  # it did import functrain
     goal = report["goals"][0]
     assert goal["model"] == "import" and goal["limit"] == 0.3
