@@ -22,8 +22,12 @@ The floor (ratio 1.00) is the faster (lower median) of `torch` and `torch_fused`
 kernel's gain never passes for low trainer overhead. Ratios are taken against the floor's time in
 the same repetition; bench/README.md describes the method, the clock and the memory measurement.
 
+A start-up row comes first: `import functrain` against `import torch` in fresh processes,
+interleaved (bench/import_time.py); `--only import` runs just that row, `--only steps` skips it.
+
 Usage:
     python -m bench overhead [--models tiny_mlp,gpt] [--variants torch,functrain] [--reps 5]
+    python -m bench overhead --only import [--import-reps 15]
     python -m bench memory   [--models ...] [--variants ...]
 """
 
@@ -43,7 +47,7 @@ from typing import Any
 
 import torch
 
-from . import common, peers
+from . import common, import_time, peers
 from .models import Batches, ModelSpec, model_specs
 
 LR, WEIGHT_DECAY = 1e-3, 1e-2
@@ -308,12 +312,26 @@ def parse_args(argv: Sequence[str] | None, suite: str) -> argparse.Namespace:
     parser.add_argument(
         "--device", default="cpu", help="cpu, or cuda (overhead only, --clock wall)"
     )
+    if suite == "overhead":
+        parser.add_argument(
+            "--only",
+            choices=("import", "steps"),
+            help="just the start-up row (import), or just the step timings (steps)",
+        )
+        parser.add_argument(
+            "--import-reps",
+            type=int,
+            default=10,
+            help="interleaved fresh-process imports of torch and functrain (start-up row)",
+        )
     parser.add_argument("--out", help=f"the JSON file (default: bench/results/{suite}.json)")
     args = parser.parse_args(argv)
     args.models = _choose(parser, args.models, specs, "model")
     args.variants = _choose(parser, args.variants, VARIANTS, "variant")
     if args.reps < 1 or args.warmup < 1 or args.steps_scale <= 0:
         parser.error("--reps and --warmup must be >= 1, and --steps-scale > 0")
+    if getattr(args, "import_reps", 1) < 1:
+        parser.error("--import-reps must be >= 1")
     if args.threads is None:  # CPU time of several threads would count their spin-waiting too
         args.threads = 1 if args.clock == "cpu" else torch.get_num_threads()
     args.device = torch.device(args.device)
@@ -373,15 +391,25 @@ def _overhead(args: argparse.Namespace, argv, fresh_cache: bool) -> dict:
         models={},
     )
     report["config"]["fresh_compile_cache"] = fresh_cache
-    for model_name in args.models:
-        report["models"][model_name] = _time_model(model_specs()[model_name], args, fresh_cache)
+    if args.only != "steps":
+        report["import"] = import_time.measure(args.import_reps, args.clock)
+    if args.only != "import":
+        for model_name in args.models:
+            spec = model_specs()[model_name]
+            report["models"][model_name] = _time_model(spec, args, fresh_cache)
     report["goals"] = check_goals(report["models"])
+    if "import" in report:
+        report["goals"].insert(0, import_time.goal(report["import"]))
     report["total_s"] = time.perf_counter() - started
     path = common.write_json(args.out or f"{common.RESULTS_DIR}/overhead.json", report)
-    print(common.variants_table(report, "median_ms", "ms"))
-    print()
-    print(compile_table(report))
-    print()
+    if "import" in report:
+        print(import_time.table(report["import"]))
+        print()
+    if report["models"]:
+        print(common.variants_table(report, "median_ms", "ms"))
+        print()
+        print(compile_table(report))
+        print()
     print(common.goals_table(report["goals"]))
     print(f"\n{report['total_s']:.0f} s in all; JSON written to {path}")
     return report

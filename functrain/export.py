@@ -27,8 +27,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import storage
-from .checkpoint.sharding import is_dtensor
+from ._lazy import is_dtensor
 
 SAFETENSORS_FILE = "model.safetensors"
 PROGRAM_FILE = "model.pt2"
@@ -64,6 +63,8 @@ def export(
     """
     from safetensors.torch import save as safetensors_bytes
 
+    from .checkpoint import storage  # imported here: it needs tensorstore
+
     params, buffers, step = _weights(state, ema)
     tensors = _named_for(model, params, buffers) if model is not None else {**params, **buffers}
     tensors = {name: _host(t) for name, t in tensors.items()}
@@ -95,6 +96,8 @@ def _distributed() -> bool:
 
 def _weights(state: Any, ema: bool) -> tuple[dict, dict, int | None]:
     """`(params, buffers, step)` of a TrainState or a checkpoint path."""
+    from .checkpoint import storage
+
     if isinstance(state, (str, os.PathLike, storage.Location)):
         from .checkpoint import load
 

@@ -30,13 +30,16 @@ import sys
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint import CheckpointMismatchError, Manager, describe
+from .checkpoint import CheckpointMismatchError
 from .data import DataSource
 from .events import decode_state, encode_state
+
+if TYPE_CHECKING:  # the checkpoint machinery (tensorstore) is imported by a run that checkpoints
+    from .checkpoint import Manager
 
 __all__ = [
     "CALLBACKS_KEY",
@@ -181,7 +184,11 @@ def checkpoint_manager(checkpoints: Manager | str | os.PathLike | None) -> Manag
     Raises:
         TypeError: anything else.
     """
-    if checkpoints is None or isinstance(checkpoints, Manager):
+    if checkpoints is None:
+        return None
+    from .checkpoint import Manager
+
+    if isinstance(checkpoints, Manager):
         return checkpoints
     if isinstance(checkpoints, (str, os.PathLike)):
         return Manager(os.fspath(checkpoints))
@@ -319,6 +326,8 @@ def _saved_state(file: str, key: str, what: str):
 
 def _saved_loop_extra(path: str, storage_options: dict | None) -> dict[str, Any]:
     """The `extra["callbacks"]` and `extra["data"]` strings of the checkpoint at `path`."""
+    from .checkpoint import describe
+
     found: dict[str, Any] = {}
     for record in describe(path, storage_options).records:
         if len(record.path) < 2 or record.path[0] != "extra" or record.kind != "str":

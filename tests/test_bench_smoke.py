@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["torch", "torch_fused", "functrain", "functrain_fit", "lightning"]
 # 64*128 + 128 + 128*128 + 128 + 128*10 + 10 float32 parameters of the tiny MLP
@@ -39,11 +41,12 @@ def test_overhead_suite_writes_json_with_medians_ratios_and_goals(tmp_path):
         "--reps=2",
         "--steps-scale=0.02",
         "--warmup=1",
+        "--only=steps",
         f"--out={out}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["suite"] == "overhead"
+    assert report["suite"] == "overhead" and "import" not in report
     assert report["config"]["reps"] == 2 and report["config"]["clock"] == "cpu"
     assert {"python", "torch", "cpu_count", "torch_threads"} <= set(report["environment"])
     model = report["models"]["tiny_mlp"]
@@ -65,6 +68,27 @@ def test_overhead_suite_writes_json_with_medians_ratios_and_goals(tmp_path):
     goal = next(g for g in report["goals"] if g["goal"] == "functrain time")
     assert goal["limit"] == 1.15 and goal["met"] == (goal["value"] <= goal["limit"])
     assert "| variant" in proc.stdout and "functrain_fit" in proc.stdout
+
+
+def test_overhead_start_up_row_pairs_torch_and_functrain_imports(tmp_path):
+    out = tmp_path / "overhead.json"
+    proc = run_bench("overhead", "--only=import", "--import-reps=2", f"--out={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    row = report["import"]
+    assert report["models"] == {} and row["reps"] == 2 and row["clock"] == "cpu"
+    assert [len(row["samples"][m]) for m in ("torch", "functrain")] == [2, 2]
+    pairs = [
+        f["cpu_s"] - t["cpu_s"]
+        for f, t in zip(*(row["samples"][m] for m in ("functrain", "torch")))
+    ]
+    assert row["over_torch_s"] == pytest.approx(sum(pairs) / 2)  # median of two differences
+    assert row["heavy"] == []  # a bare `import functrain` loads none of them
+    assert row["after_torch_cpu_s"] > 0  # functrain imported alone, after torch and a gc
+    assert row["modules"]["functrain"] > row["modules"]["torch"]  # it did import functrain
+    goal = report["goals"][0]
+    assert goal["model"] == "import" and goal["limit"] == 0.3
+    assert "| start-up" in proc.stdout and "import functrain" in proc.stdout
 
 
 def test_memory_suite_counts_at_least_the_parameters(tmp_path):

@@ -9,11 +9,18 @@
   anything is allocated, nothing outside a checkpoint is followed, and one run owns a Manager
   root at a time (a lease). docs/checkpoints.md says what is guaranteed.
 
+Everything but the errors is imported when first read (`functrain.checkpoint.Manager`): the
+format needs tensorstore and ml_dtypes, ~0.6 s to import, which a run that never checkpoints
+should not pay (see `functrain._lazy`).
+
 Example:
     >>> functrain.checkpoint.save("/tmp/ckpt", state)
     >>> state = functrain.checkpoint.load("/tmp/ckpt", like=state)
 """
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 from .errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -23,10 +30,26 @@ from .errors import (
     CheckpointNotFoundError,
     CheckpointStorageError,
 )
-from .manager import Manager, checkpoints, latest, retained_steps
-from .reader import describe, load
-from .storage import resolve
-from .writer import save
+
+if TYPE_CHECKING:
+    from .manager import Manager, checkpoints, latest, retained_steps
+    from .reader import describe, load
+    from .storage import resolve
+    from .writer import save
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Manager": ".manager",
+        "checkpoints": ".manager",
+        "latest": ".manager",
+        "retained_steps": ".manager",
+        "describe": ".reader",
+        "load": ".reader",
+        "resolve": ".storage",
+        "save": ".writer",
+    },
+)
 
 __all__ = [
     "CheckpointCorruptError",

@@ -28,6 +28,7 @@ import optree
 import tensorstore as ts
 import torch
 
+from .._lazy import is_dtensor
 from . import layout, storage, verify
 from .dtypes import TORCH_DTYPES, from_numpy, torch_dtype, zarr_name
 from .errors import (
@@ -38,7 +39,7 @@ from .errors import (
     CheckpointNotFoundError,
     CheckpointStorageError,
 )
-from .sharding import dtensor_from_local, is_dtensor
+from .sharding import dtensor_from_local
 from .staging import leaf_paths
 
 WEIGHT_FIELDS = ("params", "buffers")

@@ -18,12 +18,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
-
-if TYPE_CHECKING:  # imported lazily at run time (torch builds without distributed)
-    from torch.distributed.tensor import DTensor
 
 # Arrays are cut into chunks of at most this many bytes where shard boundaries allow: smaller
 # chunks let a reader on another mesh fetch little more than its own region, and let tensorstore
@@ -172,12 +168,3 @@ def dtensor_from_local(local: torch.Tensor, like):
     from ..parallel.offload import dtensor_like
 
     return dtensor_like(local, like)
-
-
-def is_dtensor(value: Any) -> TypeGuard[DTensor]:
-    """True for a DTensor (False when torch.distributed is unavailable)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch build without distributed support
-        return False
-    return isinstance(value, DTensor)

@@ -183,7 +183,7 @@ def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:
 
 
 def _stage_tensor(tensor, record, rank, copy, buffers, device_copies) -> StagedLeaf:
-    from .sharding import is_dtensor
+    from .._lazy import is_dtensor
 
     where = f"leaf {record.key!r}"
     if tensor.device.type == "meta":

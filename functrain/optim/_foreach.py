@@ -16,25 +16,12 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any
 
 import torch
 
+from .._lazy import is_dtensor as is_dtensor  # re-exported: the optimizers test with it
 from ..tree import tree_flatten
-
-if TYPE_CHECKING:  # not at run time: importing it is slow (see is_dtensor)
-    from torch.distributed.tensor import DTensor
-
-
-def is_dtensor(x: Any) -> TypeGuard[DTensor]:
-    """True for a DTensor, without importing torch.distributed.tensor (slow: it pulls sympy).
-
-    No DTensor can exist unless that module has been imported, so looking it up suffices.
-    """
-    if type(x) is torch.Tensor:  # the common case, without a module lookup
-        return False
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(x, module.DTensor)
 
 
 def placed_alike(a: Any, b: Any) -> bool:

@@ -13,8 +13,15 @@ Under a launcher, `init` without a mesh trains data-parallel over all ranks. See
 
 Nothing here keeps process-wide state except the collective counter `COUNTER`: the layout is a
 value in the state, and what one step has in flight lives in that step's `InFlight`.
+
+The plans (`ddp`, `fsdp`, `Plan`, ...) are imported when first read: they build DTensors, and
+importing `torch.distributed.tensor` costs ~0.7 s that a one-process run never needs (see
+`functrain._lazy`). The rest never imports it unless a DTensor exists.
 """
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 from ..optim.base import global_norm  # the cross-shard norm, one implementation for both
 from .collectives import InFlight
 from .comm import COUNTER, CommCounter, ring_bytes
@@ -27,9 +34,18 @@ from .compute import (
 )
 from .layout import Layout, ParamPolicy, data_parallel_info
 from .mesh import MESH_DIMS, dp_group, init_distributed, init_mesh, shutdown
-from .plans import LOCAL, Plan, ddp, fsdp, hsdp, resolve_plan, shard_params, tp
 from .running import running
 from .views import full_params, full_value, norms
+
+if TYPE_CHECKING:
+    from .plans import LOCAL, Plan, ddp, fsdp, hsdp, resolve_plan, shard_params, tp
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    dict.fromkeys(
+        ("LOCAL", "Plan", "ddp", "fsdp", "hsdp", "resolve_plan", "shard_params", "tp"), ".plans"
+    ),
+)
 
 __all__ = [
     "COUNTER",

@@ -28,26 +28,27 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from .._lazy import dtensor_loaded, is_dtensor
 from . import comm, reshard
 from .collectives import BucketCollective, InFlight, gather_bucket, prefetch, reduce_bucket
 from .layout import Layout
 
+if TYPE_CHECKING:  # DTensor is imported where one exists, not by `import functrain`
+    from torch.distributed.tensor import DTensor
+
 _AT_USE = object()  # a bucket that `reshard` gathers when its module runs
-
-
-def _is_dtensor(x: Any) -> TypeGuard[DTensor]:
-    return isinstance(x, DTensor)
 
 
 def _no_layout(params: Mapping[str, Any], what: str) -> None:
     """A clear error when DTensors arrive without the layout that placed them."""
+    if not dtensor_loaded():  # no DTensor can exist: nothing to walk
+        return
     for name, value in params.items():
-        if _is_dtensor(value):
+        if is_dtensor(value):
             raise ValueError(
                 f"{what}: parameter {name!r} is a DTensor but no layout was given; pass the "
                 "state's layout (state.layout, made by functrain.init(..., mesh=, plan=))"
@@ -162,7 +163,7 @@ def finalize_grads(
         inflight.wait()
     if layout is None:
         return grads
-    loose = {k: g for k, g in grads.items() if _is_dtensor(params.get(k)) and not _is_dtensor(g)}
+    loose = {k: g for k, g in grads.items() if is_dtensor(params.get(k)) and not is_dtensor(g)}
     if not loose:
         return grads
     reduced = reduce_local_grads(loose, {k: params[k] for k in loose}, layout)
@@ -198,6 +199,8 @@ def reduce_local_grads(
         ]
         out.update(zip(bucket.names, reduce_bucket(bucket, layout, grads, inflight)))
     inflight.wait()
+    from torch.distributed.tensor import DTensor  # loaded: `params` are DTensors
+
     return {
         k: DTensor.from_local(
             out[k],

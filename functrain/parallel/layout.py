@@ -27,13 +27,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from .._lazy import is_dtensor
 from . import flat
 from .mesh import MESH_DIMS, dim_group, dim_rank, dim_size, dp_group, dp_rank, dp_size
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # DTensor is imported where one exists, not by `import functrain`
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
 
     from .plans import Plan
 
@@ -179,7 +180,7 @@ class Layout:
         Raises:
             ValueError: a DTensor of `params` is not in the layout.
         """
-        dtensors = {k: v for k, v in params.items() if isinstance(v, DTensor)}
+        dtensors = {k: v for k, v in params.items() if is_dtensor(v)}
         if not dtensors:
             return ()
         present = 0
@@ -211,6 +212,8 @@ class Layout:
 
 def check_placements(name: str, p: DTensor) -> None:
     """A clear error unless `p` is placed the way functrain's step expects."""
+    from torch.distributed.tensor import Partial, Replicate  # loaded: `p` is a DTensor
+
     mesh = p.device_mesh
     if tuple(mesh.mesh_dim_names or ()) != MESH_DIMS:
         raise ValueError(
@@ -242,6 +245,8 @@ def build_buckets(
     Returns:
         the buckets, ordered by their first parameter.
     """
+    from torch.distributed.tensor import Shard  # loaded: `params` are DTensors
+
     n = dim_size(mesh, "dp_shard")
     rank = dim_rank(mesh, "dp_shard")
     entries = []

@@ -25,12 +25,15 @@ import contextlib
 import fnmatch
 import functools
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import Replicate, Shard
 
 from . import comm
+
+if TYPE_CHECKING:  # DTensor's module is imported where a placement is made
+    from torch.distributed.tensor import Replicate, Shard
 
 STYLES = ("colwise", "rowwise", "colwise_gather")
 
@@ -48,6 +51,8 @@ AUTO_ROWWISE = frozenset(
 
 def tp_placement(style: str, attr: str) -> Shard | Replicate:
     """The `tp` placement of a Linear's `weight` or `bias` under `style`."""
+    from torch.distributed.tensor import Replicate, Shard
+
     if style in ("colwise", "colwise_gather"):
         return Shard(0)  # output features: rows of the weight and the bias
     if style == "rowwise":

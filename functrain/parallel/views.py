@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from .._lazy import is_dtensor
 from . import comm
 
 
@@ -40,12 +40,12 @@ def full_value(tree: Any) -> Any:
     """
     from ..tree import tree_map
 
-    return tree_map(lambda x: x.full_tensor() if isinstance(x, DTensor) else x, tree)
+    return tree_map(lambda x: x.full_tensor() if is_dtensor(x) else x, tree)
 
 
 def full_params(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Whole tensors on every rank (`DTensor.full_tensor()`); plain tensors unchanged."""
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v) for k, v in params.items()}
+    return {k: (v.full_tensor() if is_dtensor(v) else v) for k, v in params.items()}
 
 
 def norms(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -68,7 +68,7 @@ def norms(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     by_mesh: dict[Any, list[tuple[str, torch.Tensor, float]]] = {}
     with torch.no_grad():
         for name, x in tensors.items():
-            if not isinstance(x, DTensor):
+            if not is_dtensor(x):
                 out[name] = torch.linalg.vector_norm(x.detach(), dtype=torch.float32)
             elif any(p.is_partial() for p in x.placements):
                 out[name] = torch.linalg.vector_norm(x.full_tensor(), dtype=torch.float32)
