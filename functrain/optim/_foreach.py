@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
