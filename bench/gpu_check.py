@@ -22,6 +22,10 @@ The checks:
                           step waits only for the copy, and the checkpoint restores exactly
     cuda_memory_monitor   MemoryMonitor's CUDA numbers against torch.cuda's own
     fsdp_one_rank         plan="fsdp" on a 1-rank CUDA mesh equals the same run without a mesh
+    activation_memory     checkpointing/offload of activations: the device peak, pinned copies
+    fsdp_offload          fsdp(offload=True) on a 1-rank CUDA mesh: the state on the host (pinned)
+                          after init and every step, its device memory freed, the plain run's
+                          parameters (see bench/gpu_check_offload.py)
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench.common import markdown_table  # noqa: E402
+from bench.gpu_check_offload import check_fsdp_offload  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -444,6 +449,8 @@ CHECKS: list[Check] = [
     Check("fsdp_one_rank", "plan='fsdp' on a 1-rank CUDA mesh", check_fsdp_one_rank),
     Check("activation_memory", "checkpointing/offload: device peak, pinned copies, same params",
           check_activation_memory),
+    Check("fsdp_offload", "fsdp(offload=True): state pinned on the host, device memory freed",
+          check_fsdp_offload),
 ]  # fmt: skip
 
 
@@ -466,7 +473,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--device",
         default="cuda",
-        help="cuda; 'cpu' runs the checks that can run there (gpt_bf16_*, fsdp_one_rank) as a "
+        help="cuda; 'cpu' runs the checks that can run there (gpt_bf16_*, fsdp_*) as a "
         "dry run of this script itself, with small --layers/--width/--context",
     )
     return parser.parse_args(argv)

@@ -249,7 +249,7 @@ class Step:
             ValueError: `state.opt_state` does not fit the trainable parameters.
         """
         return self._plans.plan_for(
-            state.opt_state, lambda: {k: state.params[k] for k in self._trainable}
+            state.opt_state, lambda: {k: state.params[k] for k in self._trainable}, state.layout
         )
 
     def _fold(self, plan: StatePlan, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:

@@ -26,21 +26,27 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SHOWN = 5  # problems listed in one error
 
 
-def check_opt_state(opt_state: Any, params: Mapping[str, torch.Tensor]) -> None:
+def check_opt_state(opt_state: Any, params: Mapping[str, torch.Tensor], layout: Any = None) -> None:
     """Raise a clear error unless every per-parameter leaf of `opt_state` fits its parameter.
 
     A per-parameter leaf is a tensor stored under a parameter's name in a dict (how every
     functrain transform keeps its moments: `opt_state.0.mu.fc.weight`). It must have the
     parameter's shape and device (for a DTensor parameter: be a DTensor with the same mesh and
-    placements) and its dtype, or float32 for a float16/bfloat16 parameter.
+    placements, its local piece on the same device) and its dtype, or float32 for a
+    float16/bfloat16 parameter. Under a layout that offloads a parameter
+    (`fsdp(offload=True)`), that parameter and its leaves must be in host memory: the
+    optimizer updates them there.
 
     Args:
         opt_state: the optimizer state.
         params: `{name: tensor}` of the trainable parameters the state is for.
+        layout: the parameters' `functrain.parallel.Layout` (`state.layout`), or None.
     Raises:
         ValueError: naming each leaf that does not fit (the first few) and the fix.
     """
     problems: list[str] = []
+    if layout is not None and getattr(layout, "offloaded", False):
+        _check_offloaded_params(params, layout, problems)
     _walk(opt_state, "opt_state", params, problems)
     if problems:
         listed = "; ".join(problems[:_SHOWN])
@@ -51,6 +57,20 @@ def check_opt_state(opt_state: Any, params: Mapping[str, torch.Tensor]) -> None:
             "parameters with functrain.init(model, optimizer), or restore a checkpoint saved "
             "from this model."
         )
+
+
+def _local_device(tensor: torch.Tensor) -> torch.device:
+    return tensor._local_tensor.device if is_dtensor(tensor) else tensor.device
+
+
+def _check_offloaded_params(params: Mapping[str, torch.Tensor], layout: Any, problems) -> None:
+    for name, param in params.items():
+        if layout.policy(name).offload and _local_device(param).type != "cpu":
+            problems.append(
+                f"parameter {name!r} is on {_local_device(param)} but its layout offloads it to "
+                "host memory (fsdp(offload=True)); build the state with that plan, or restore "
+                "the checkpoint into a state made by it"
+            )
 
 
 def _walk(node: Any, path: str, params: Mapping[str, torch.Tensor], problems: list) -> None:
@@ -93,6 +113,11 @@ def _check_leaf(where: str, leaf: torch.Tensor, name: str, param: torch.Tensor, 
             problems.append(
                 f"{where} is placed {leaf.placements} but parameter {name!r} is placed "
                 f"{param.placements}"
+            )
+        elif _local_device(leaf) != _local_device(param):  # e.g. on the device, not the host
+            problems.append(
+                f"{where} is on {_local_device(leaf)} but parameter {name!r} is on "
+                f"{_local_device(param)}"
             )
     elif leaf.device != param.device:
         problems.append(f"{where} is on {leaf.device} but parameter {name!r} is on {param.device}")

@@ -26,6 +26,7 @@ from .batching import num_samples, split_batch
 from .optim._foreach import is_dtensor
 from .parallel import InFlight, data_parallel_info
 from .parallel import compute as parallel_compute
+from .parallel import offload as parallel_offload
 from .parallel import running as parallel_running
 from .pieces import Batch, GradResult, StepConfig, StepPieces
 from .rng import seed_for, seeded_global_rng
@@ -81,10 +82,8 @@ class GradsPiece:
     def call_model(self, state: TrainState, *args, **kwargs):
         """Run the model with `state`'s params and buffers, without gradients."""
         layout, inflight = state.layout, InFlight(state.layout)
-        tensors = {
-            **parallel_compute.gather_params(state.params, layout, inflight),
-            **state.buffers,
-        }
+        params = parallel_offload.to_compute(state.params, layout)  # host shards: to the device
+        tensors = {**parallel_compute.gather_params(params, layout, inflight), **state.buffers}
         with torch.no_grad(), parallel_running(self.model, layout, inflight):
             return self._with_tensors(tensors, _call, *args, **kwargs)
 
@@ -166,10 +165,13 @@ class GradsPiece:
         buffers = state.buffers
         if not config.donate:  # BatchNorm updates its statistics in place: work on copies
             buffers = {k: v.clone() for k, v in buffers.items()}
+        # fsdp(offload=True): the shards live on the host; compute runs on copies on the device
+        # (the identity without offload), and the gradients go back to the host at the end.
+        state_params = parallel_offload.to_compute(state.params, layout)
         frozen = {}
-        if len(self.trainable) != len(state.params):
+        if len(self.trainable) != len(state_params):
             frozen = parallel_compute.gather_params(
-                {k: v for k, v in state.params.items() if k not in self._trainable_set},
+                {k: v for k, v in state_params.items() if k not in self._trainable_set},
                 layout,
                 inflight,
             )
@@ -195,7 +197,7 @@ class GradsPiece:
         objectives = [
             make_objective(i, mb, w) for i, (mb, w) in enumerate(zip(microbatches, weights))
         ]
-        source = self._module_params if in_place else state.params
+        source = self._module_params if in_place else state_params
         if config.grad_mode == "func":
             grads, outs = self._func_grads(source, objectives, layout)
         else:
@@ -218,8 +220,9 @@ class GradsPiece:
             total_loss = sum(loss.detach().float() * w for (_, (loss, _)), w in zip(outs, weights))
         aux = outs[-1][1][1]
         grads = parallel_compute.finalize_grads(
-            dict(zip(self.trainable, grads)), state.params, layout, inflight
+            dict(zip(self.trainable, grads)), state_params, layout, inflight
         )
+        grads = parallel_offload.grads_to_host(grads, layout)  # after every reduction finished
         return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
 
     def _forward_rng(self, state: TrainState, rank: int, index: int):

@@ -56,12 +56,19 @@ class Plans:
         self._by_key: dict[Hashable, StatePlan] = {}
         self._last: tuple[weakref.ref, StatePlan] | None = None
 
-    def plan_for(self, opt_state: Any, params: Callable[[], Mapping[str, torch.Tensor]]):
+    def plan_for(
+        self,
+        opt_state: Any,
+        params: Callable[[], Mapping[str, torch.Tensor]],
+        layout: Any = None,
+    ):
         """The plan for `opt_state`; checks it against `params()` unless the step produced it.
 
         Args:
             opt_state: the optimizer state the step was given.
             params: `() -> {name: tensor}` of the trainable parameters (called only to check).
+            layout: the parameters' layout (`state.layout`; offloaded parameters belong on the
+                host).
         Raises:
             ValueError: the optimizer state does not fit the parameters (see `check_opt_state`).
         """
@@ -78,7 +85,7 @@ class Plans:
         if plan is None:
             plan = self._by_key[key] = _build(opt_state, plain)
         if plan.first_tensor(opt_state) is not None:
-            check_opt_state(opt_state, trainable)
+            check_opt_state(opt_state, trainable, layout)
         return plan
 
     def produced(self, opt_state: Any, plan: StatePlan) -> None:

@@ -40,7 +40,7 @@ def test_checks_are_named_functions_and_unknown_names_are_refused():
     names = [c.name for c in CHECKS]
     assert len(set(names)) == len(names) and all(callable(c.run) for c in CHECKS)
     assert {"gpt_bf16_eager", "gpt_bf16_compiled", "microbatch_auto_oom", "async_checkpoint",
-            "cuda_memory_monitor", "fsdp_one_rank"} <= set(names)  # fmt: skip
+            "cuda_memory_monitor", "fsdp_one_rank", "fsdp_offload"} <= set(names)  # fmt: skip
     proc = run("--only", "no_such_check")
     assert proc.returncode == 2 and "unknown check" in proc.stderr
 
@@ -48,12 +48,13 @@ def test_checks_are_named_functions_and_unknown_names_are_refused():
 def test_dry_run_on_the_cpu_of_the_checks_that_can_run_there():
     tiny = ["--layers", "1", "--width", "32", "--heads", "2", "--context", "16", "--batch", "2",
             "--vocab", "64", "--steps", "3"]  # fmt: skip
-    proc = run("--device", "cpu", "--only", "gpt_bf16_eager,fsdp_one_rank", *tiny)
+    proc = run("--device", "cpu", "--only", "gpt_bf16_eager,fsdp_one_rank,fsdp_offload", *tiny)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = [
         line
         for line in proc.stdout.splitlines()
         if line.startswith("| gpt") or line.startswith("| fsdp")
     ]
-    assert len(rows) == 2 and all("| ok " in row for row in rows), proc.stdout
+    assert len(rows) == 3 and all("| ok " in row for row in rows), proc.stdout
+    assert "host: True" in rows[2] and "restored pinned on host: True" in rows[2], rows[2]
     assert "tok/s" in rows[0] and "fused AdamW calls: " in rows[0]

@@ -83,9 +83,9 @@ def test_the_check_runs_for_states_the_step_did_not_produce_not_on_every_call(mo
     seen = []
     real = step_checks.check_opt_state
 
-    def counting(opt_state, params):
+    def counting(opt_state, params, layout=None):
         seen.append(1)
-        return real(opt_state, params)
+        return real(opt_state, params, layout)
 
     monkeypatch.setattr("functrain.step_plan.check_opt_state", counting)
     for donate in (False, True):

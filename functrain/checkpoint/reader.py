@@ -575,6 +575,8 @@ def _to_tensor(data: np.ndarray, dtype: str, like_leaf, inplace: bool, url: str)
     if device.type == "meta":
         device = torch.device(like_leaf.device_mesh.device_type if is_dtensor(like_leaf) else "cpu")
     tensor = tensor.to(device)
+    if device.type == "cpu" and target.is_pinned():  # an offloaded shard stays page-locked
+        tensor = tensor.pin_memory()
     if target.requires_grad:
         tensor.requires_grad_(True)
     return dtensor_from_local(tensor, like_leaf) if is_dtensor(like_leaf) else tensor

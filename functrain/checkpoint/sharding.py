@@ -167,17 +167,11 @@ def local_region(dtensor, where: str) -> tuple[tuple[int, ...], tuple[int, ...],
 
 
 def dtensor_from_local(local: torch.Tensor, like):
-    """A DTensor placed like `like` (a DTensor) whose shard on this rank is `local`."""
-    from torch.distributed.tensor import DTensor
+    """A DTensor placed like `like` (a DTensor) whose shard on this rank is `local`, on
+    `local`'s device (a host shard of `fsdp(offload=True)` stays on the host)."""
+    from ..parallel.offload import dtensor_like
 
-    return DTensor.from_local(
-        local,
-        like.device_mesh,
-        like.placements,
-        run_check=False,
-        shape=like.shape,
-        stride=like.stride(),
-    )
+    return dtensor_like(local, like)
 
 
 def is_dtensor(value: Any) -> TypeGuard[DTensor]:

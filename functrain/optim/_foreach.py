@@ -103,12 +103,9 @@ def _on_local_pieces(op: str, xs: list, args: tuple, kwargs: dict, inplace: bool
         getattr(torch, f"_foreach_{op}_")(pieces, *args, **kwargs)
         return xs
     outs = getattr(torch, f"_foreach_{op}")(pieces, *args, **kwargs)
-    DTensor = sys.modules["torch.distributed.tensor"].DTensor
-    return [
-        DTensor.from_local(o, x.device_mesh, x.placements, run_check=False, shape=x.shape,
-                           stride=x.stride())
-        for o, x in zip(outs, xs)
-    ]  # fmt: skip
+    from ..parallel.offload import dtensor_like  # keeps a host piece (offload) on the host
+
+    return [dtensor_like(o, x) for o, x in zip(outs, xs)]
 
 
 def copy_into(dst: list[torch.Tensor], src: list[torch.Tensor]) -> list[torch.Tensor]:

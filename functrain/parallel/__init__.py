@@ -6,7 +6,9 @@
     step = functrain.make_step(model, loss_fn, opt)       # unchanged: the step reads state.layout
 
 Plans: "ddp", "fsdp", "hsdp", "tp", "tp+fsdp" (and "tp+ddp", "tp+hsdp"), or a `Plan` with mixed
-precision (`fsdp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`); "local" for none.
+precision (`fsdp(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`), gathering at use
+(`fsdp(reshard_after_forward=True)`) or the shards and optimizer state in host memory
+(`fsdp(offload=True)`, see `offload`); "local" for none.
 Under a launcher, `init` without a mesh trains data-parallel over all ranks. See `plans`.
 
 Nothing here keeps process-wide state except the collective counter `COUNTER`: the layout is a

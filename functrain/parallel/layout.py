@@ -47,12 +47,18 @@ class ParamPolicy:
         reduce_dtype: dtype its gradient is reduced in (None: the compute dtype).
         bucket_bytes: bytes per flat bucket.
         reshard: gathered when its module runs and freed after (`reshard_after_forward`).
+        offload: its shard, its gradient's shard and its optimizer state live in host memory
+            between steps, and the optimizer updates it there (`fsdp(offload=True)`, see
+            `parallel.offload`).
+        pin_memory: with `offload` on CUDA, the host copies are page-locked (pinned).
     """
 
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     bucket_bytes: int = 25 << 20
     reshard: bool = False
+    offload: bool = False
+    pin_memory: bool = True
 
     @classmethod
     def from_plan(cls, plan: Plan) -> ParamPolicy:
@@ -61,6 +67,8 @@ class ParamPolicy:
             plan.reduce_dtype,
             int(plan.bucket_mb * (1 << 20)),
             plan.reshard_after_forward,
+            plan.offload,
+            plan.pin_memory,
         )
 
 
@@ -95,6 +103,7 @@ class Layout:
     _bucket_names: frozenset = dataclasses.field(
         default=frozenset(), compare=False, repr=False, init=False
     )
+    _offloaded: bool = dataclasses.field(default=False, compare=False, repr=False, init=False)
 
     def __post_init__(self) -> None:
         groups = {
@@ -107,6 +116,7 @@ class Layout:
         object.__setattr__(self, "_policy_of", dict(self.policies))
         names = frozenset(s.name for b in self.buckets for s in b.slots)
         object.__setattr__(self, "_bucket_names", names)
+        object.__setattr__(self, "_offloaded", any(p.offload for _, p in self.policies))
 
     def __hash__(self) -> int:  # consistent with the field-wise __eq__; Plan may hold a dict
         return hash((self.mesh, self.buckets, self.dp_rank))
@@ -123,6 +133,11 @@ class Layout:
                 f"{' ...' if len(self._policy_of) > 8 else ''}); use the layout of the state the "
                 "parameters come from"
             ) from None
+
+    @property
+    def offloaded(self) -> bool:
+        """True when some parameter's shard lives in host memory (`fsdp(offload=True)`)."""
+        return self._offloaded
 
     @property
     def param_dtype(self) -> torch.dtype | None:

@@ -8,6 +8,9 @@
     tp       Column/row-parallel Linear layers sharded on `tp` (see `tensor_parallel`).
     tp+fsdp  both (FSDP takes a dim that TP leaves whole); also "tp+ddp", "tp+hsdp".
 
+With `fsdp(offload=True)` each rank's shards are placed in host memory instead (pinned on CUDA),
+and the step copies them to the device when it runs (see `parallel.offload`).
+
 `shard_params(model, params, mesh=mesh, plan=plan)` (called by `functrain.init`) turns the model's
 parameters into DTensors and *puts those same DTensors back into the model*, as FSDP2 does: no rank
 keeps a full copy of a sharded parameter, and the state's tensors are the model's. It returns them
@@ -37,7 +40,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..rng import RngState, seed_for, seeded_global_rng
-from . import comm, tensor_parallel
+from . import comm, offload, tensor_parallel
 from .flat import shard_extent
 from .layout import Layout, make_layout
 from .mesh import check_mesh, dim_size, init_mesh
@@ -60,6 +63,11 @@ class Plan:
             step). True: gather each module's parameters when it runs, free them when it
             returns and gather them again for the backward pass (3x the bytes, as FSDP2), so a
             rank holds about one module's whole parameters at a time (see `parallel.reshard`).
+        offload: sharded plans without tensor parallelism only. True: the parameter shards,
+            their gradients and the optimizer state live in host memory between steps and the
+            optimizer runs there (Composer's `cpu_offload`, FSDP2's `CPUOffloadPolicy`; see
+            `parallel.offload`).
+        pin_memory: with `offload` on CUDA, page-locked host copies (faster, asynchronous).
     """
 
     name: str
@@ -69,6 +77,26 @@ class Plan:
     reduce_dtype: torch.dtype | None = None
     bucket_mb: float = 25.0
     reshard_after_forward: bool = False
+    offload: bool = False
+    pin_memory: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.offload, bool):
+            raise TypeError(
+                f"plan {self.name!r}: offload must be True or False, got {self.offload!r}"
+            )
+        if self.offload and not self.shard:
+            raise ValueError(
+                f"plan {self.name!r}: offload=True keeps each rank's *shards* in host memory, so "
+                "it needs a sharded plan: use fsdp(offload=True) or hsdp(offload=True) (a "
+                "replicated plan would keep a whole copy of the model per rank on the host)"
+            )
+        if self.offload and self.tp is not None:
+            raise ValueError(
+                f"plan {self.name!r}: offload=True is not supported with tensor parallelism (the "
+                "tensor-parallel layers run on their device shards); use fsdp(offload=True) or "
+                "hsdp(offload=True) on a mesh without tp"
+            )
 
 
 def ddp(**options) -> Plan:
@@ -337,10 +365,7 @@ def shard_params(
                 "tensor-parallel; leave its Linear out of the tp plan"
             )
 
-    if mesh.device_type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device(mesh.device_type)
+    device = offload.compute_device(mesh)
     name_of = {(id(m), a): name for name, entries in owners.items() for m, a, _ in entries}
     result: dict[str, torch.Tensor] = {}
 
@@ -350,11 +375,15 @@ def shard_params(
         placements = param_placements(
             name, tuple(whole.shape), styles.get(module_name), attr, mesh, plan
         )
-        piece = local_piece(whole.detach(), mesh, placements).to(device)
-        if any(isinstance(p, Shard) for p in placements):
-            piece = piece.clone()  # own storage, so the whole tensor can be freed
-        value = DTensor.from_local(
-            piece, mesh, placements, shape=whole.shape, stride=_contiguous_stride(whole.shape)
+        piece = local_piece(whole.detach(), mesh, placements)
+        if plan.offload:  # own host storage (pinned on CUDA): the optimizer updates it there
+            piece = offload.place_on_host(piece, mesh, plan.pin_memory)
+        else:
+            piece = piece.to(device)
+            if any(isinstance(p, Shard) for p in placements):
+                piece = piece.clone()  # own storage, so the whole tensor can be freed
+        value = offload.dtensor_on(
+            piece, mesh, placements, whole.shape, _contiguous_stride(whole.shape)
         )
         result[name] = value
         new_param = torch.nn.Parameter(value, requires_grad=requires_grad)
