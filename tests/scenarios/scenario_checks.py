@@ -275,7 +275,10 @@ def check_interruption(s: Scenario, run: Job, launches: list[dict]) -> tuple[lis
                 f"is {saved[-1] if saved else None} (want one written at the stop)"
             )
         if s.interruption == "sigterm" and s.layout != "single":
-            text = "".join(tail(o, 200_000) for o in rec["outputs"])
+            # Each launcher's output from its SIGTERM line on: a job earlier in the same launch
+            # may have crashed on purpose (a `restart` scenario) and printed its traceback.
+            outputs = [tail(o, 200_000) for o in rec["outputs"]]
+            text = "".join(o[max(0, o.rfind("functrain.launch: SIGTERM")) :] for o in outputs)
             if "Traceback" in text:
                 shown = _traceback_error(text[text.rindex("Traceback") :])
                 problems.append(
