@@ -270,6 +270,10 @@ def _launch_and_signal(tmp_path, mode, signals):
     except BaseException:
         proc.kill()
         raise
+    finally:
+        drain.join(timeout=60)
+        proc.stdout.close()
+        proc.stderr.close()
     return proc.returncode, "".join(out), "".join(err)
 
 

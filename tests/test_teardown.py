@@ -176,6 +176,8 @@ def test_teardown_does_not_hang_or_abort_when_a_peer_died(tmp_path):
     finally:
         for proc in ranks:
             proc.kill()
+            proc.stdout.close()  # rank 1's pipes are never read (closing twice is harmless)
+            proc.stderr.close()
     assert "rank 0 leaves" in out, err[-3000:]
     assert ranks[0].returncode == 0, err[-3000:]
     assert "teardown still" not in err  # finished by itself, not ended by the watchdog

@@ -797,6 +797,7 @@ def test_two_processes_on_one_root(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
     # Its process gone (SIGKILL), the next run takes the root over at once.
     third = checkpoint.Manager(root, async_save=False)
     like = functrain.TrainState(step=0, params={"w": torch.zeros(2)}, buffers={}, opt_state=(),

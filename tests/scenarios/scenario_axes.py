@@ -7,7 +7,8 @@ Axes (issue 11, "The scenario matrix"):
   (both on a GPT; every other value trains a CNN on scikit-learn's digits, so the model is a
   function of the algorithm and no pair is lost to it);
 - precision: fp32, amp_bf16, amp_fp16 (each fp16 run has a batch engineered to overflow);
-- layout: one process; DDP, FSDP and FSDP with `reshard_after_forward` on 2 ranks under
+- layout: one process; DDP, FSDP, FSDP with `reshard_after_forward` and FSDP with `offload` (the
+  shards and the optimizer state in host memory, the update there) on 2 ranks under
   `functrain.launch`; two simulated nodes of one rank each (two `functrain.launch --nnodes 2
   --node-rank i --master-addr 127.0.0.1` on loopback, an HSDP mesh of one replica per node);
 - microbatch: off, on (microbatches of 4);
@@ -36,7 +37,7 @@ from scenario_covering import Forbidden
 AXES: dict[str, list[str]] = {
     "algorithm": ["none", "recipe", "swa", "sam", "blurpool", "seq_warmup", "act_ckpt"],
     "precision": ["fp32", "amp_bf16", "amp_fp16"],
-    "layout": ["single", "ddp", "fsdp", "fsdp_raf", "two_nodes"],
+    "layout": ["single", "ddp", "fsdp", "fsdp_raf", "fsdp_offload", "two_nodes"],
     "microbatch": ["off", "on"],
     "schedule": ["ba", "ep", "dur"],
     "optimizer": ["plain", "decoupled"],
@@ -51,7 +52,7 @@ AXES: dict[str, list[str]] = {
     ],
 }
 
-MULTI_RANK = ("ddp", "fsdp", "fsdp_raf", "two_nodes")
+MULTI_RANK = ("ddp", "fsdp", "fsdp_raf", "fsdp_offload", "two_nodes")
 
 FORBIDDEN: list[Forbidden] = [
     Forbidden(

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 from scenario_axes import Scenario
@@ -50,6 +51,16 @@ def _last_error(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if ": " in line and not line.startswith(("File ", "["))]
     return (errors or lines or ["no message"])[-1][:400]
+
+
+def _traceback_error(text: str) -> str:
+    """The exception line ending the traceback `text` starts with (its first unindented line
+    after the frames, a launcher's `[rank0]:` prefix aside)."""
+    for line in text.splitlines()[1:80]:
+        bare = re.sub(r"^\[[^\]]*\]:? ?", "", line)
+        if bare.strip() and not bare[:1].isspace() and not bare.startswith("Traceback"):
+            return bare.strip()[:300]
+    return "no exception line"
 
 
 def why_failed(job: Job) -> str:
@@ -264,10 +275,14 @@ def check_interruption(s: Scenario, run: Job, launches: list[dict]) -> tuple[lis
                 f"is {saved[-1] if saved else None} (want one written at the stop)"
             )
         if s.interruption == "sigterm" and s.layout != "single":
-            text = "".join(tail(o, 200_000) for o in rec["outputs"])
+            # Each launcher's output from its SIGTERM line on: a job earlier in the same launch
+            # may have crashed on purpose (a `restart` scenario) and printed its traceback.
+            outputs = [tail(o, 200_000) for o in rec["outputs"]]
+            text = "".join(o[max(0, o.rfind("functrain.launch: SIGTERM")) :] for o in outputs)
             if "Traceback" in text:
+                shown = _traceback_error(text[text.rindex("Traceback") :])
                 problems.append(
-                    "after SIGTERM the launcher printed a traceback (want one clear line)"
+                    f"after SIGTERM the launcher printed a traceback (want one clear line): {shown}"
                 )
     if s.interruption == "kill_save":
         try:

@@ -170,6 +170,8 @@ def plan_for(layout: str):
         return "fsdp"
     if layout == "fsdp_raf":
         return functrain.parallel.fsdp(reshard_after_forward=True)
+    if layout == "fsdp_offload":
+        return functrain.parallel.fsdp(offload=True)
     if layout == "two_nodes":
         return "hsdp"  # one replica per node: what a multi-node run uses
     raise ValueError(f"unknown layout {layout!r}")
