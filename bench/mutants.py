@@ -117,9 +117,12 @@ def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int
     return spans
 
 
-def _thin(db: Path, module: Path, max_mutants: int, seed: int) -> tuple[int, int]:
+def _thin(
+    db: Path, module: Path, max_mutants: int, seed: int, only: set | None = None
+) -> tuple[int, int]:
     """Drop the mutants inside annotations; keep one per (position, operator family), then at most
-    `max_mutants`. Returns (kept, dropped as annotations)."""
+    `max_mutants`; then, if `only` is given, only those of its (line, operator) pairs. Returns
+    (kept, dropped as annotations)."""
     rng = random.Random(seed)
     source = module.read_text()
     spans = _annotation_spans(source) if "from __future__ import annotations" in source else []
@@ -137,6 +140,9 @@ def _thin(db: Path, module: Path, max_mutants: int, seed: int) -> tuple[int, int
         keep = [rng.choice(jobs) for _, jobs in sorted(groups.items())]
         if max_mutants and len(keep) > max_mutants:
             keep = rng.sample(keep, max_mutants)
+        if only is not None:
+            where = {job: (row, operator) for job, operator, row, _ in rows}
+            keep = [job for job in keep if where[job] in only]
         drop = {job for job, *_ in rows} - set(keep)
         for table in ("mutation_specs", "work_items"):
             conn.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in drop])
@@ -168,7 +174,7 @@ print("\\n".join(m for m in sys.modules if not m.split(".")[0] in ("functrain", 
 
 def _outcome(r: dict) -> str:
     """killed, timeout (killed by cosmic-ray's timeout), survived, equivalent or incompetent."""
-    if r["test_outcome"] == "killed" and (r.get("output") or "").strip() == "timeout":
+    if r["test_outcome"] == "killed" and r.get("timed_out"):
         return "timeout"
     if r["test_outcome"] == "survived" and _equivalent(r):
         return "equivalent"
@@ -246,11 +252,14 @@ def mutate(
     max_mutants: int,
     seed: int,
     timeout: float | None,
+    previous: dict | None = None,
 ) -> dict:
     """Run the mutants of `module` against `tests` in the session's copy; the summary.
 
     `timeout`: seconds per mutant's test run; None: 4x the unmutated run plus 10 s. A mutant that
-    runs past it (an endless loop) counts as killed, by timeout.
+    runs past it (an endless loop) counts as killed, by timeout. `previous`: the module's summary
+    from an earlier run with the same seed; only its survivors run again (after tests were added),
+    and their new outcomes replace the old ones.
     """
     start = time.perf_counter()
     name = module.replace("/", "_")
@@ -268,20 +277,48 @@ def mutate(
         timeout = 4 * baseline_s + 10
     if max_mutants < 0:  # --baseline: only the cost of one run
         return {"module": module, "tests": tests, "baseline_seconds": round(baseline_s, 1)}
+    only = None
+    if previous is not None:
+        only = {(r["line"], r["operator"]) for r in previous["results"]
+                if _outcome(r) == "survived"}  # fmt: skip
     config.write_text(_config(module, command, timeout))
     for step in ("init", "exec"):
+        if step == "exec" and only == set():
+            break  # nothing survived: only re-judge the equivalents
         subprocess.run([sys.executable, "-m", "cosmic_ray.cli", step, str(config), str(db)],
                        cwd=session.tree, env=session.env, check=True,
                        capture_output=True)  # fmt: skip
         if step == "init":
-            total, annotations = _thin(db, session.tree / module, max_mutants, seed)
-    results = _results(db)
+            total, annotations = _thin(db, session.tree / module, max_mutants, seed, only)
+    results = _results(db) if only != set() else []
+    for r in results:
+        r["timed_out"] = (r.pop("output") or "").strip() == "timeout"
+    seconds = round(time.perf_counter() - start, 1)
+    if previous is not None:
+        for r in results:
+            r["rerun"] = "after tests were added"
+        redone = {(r["line"], r["operator"]) for r in results}
+        kept = [r for r in previous["results"] if (r["line"], r["operator"]) not in redone]
+        results = sorted(kept + results, key=lambda r: (r["line"], r["operator"]))
+        total, annotations = previous["mutants"], previous["annotation_mutants_skipped"]
+        seconds = previous["seconds"] + seconds
+        baseline_s = previous["baseline_seconds"]
+        timeout = previous["timeout_seconds"]
+    return summarize(module, tests, results, {
+        "max": max_mutants, "seed": seed, "mutants": total,
+        "annotation_mutants_skipped": annotations, "baseline_seconds": round(baseline_s, 1),
+        "timeout_seconds": round(timeout, 1), "seconds": seconds,
+    })  # fmt: skip
+
+
+def summarize(module: str, tests: list[str], results: list[dict], meta: dict) -> dict:
+    """Counts and kill rate of one module's results, each judged (equivalent or not) anew."""
     for r in results:
         r["module"] = module
         r["outcome"] = _outcome(r)
+        r.pop("why", None)
         if r["outcome"] == "equivalent":
             r["why"] = _equivalent(r)
-        del r["output"]
     count = {k: sum(r["outcome"] == k for r in results)
              for k in ("killed", "timeout", "survived", "equivalent", "incompetent")}  # fmt: skip
     killed = count["killed"] + count["timeout"]
@@ -289,19 +326,13 @@ def mutate(
     return {
         "module": module,
         "tests": tests,
-        "max": max_mutants,
-        "seed": seed,
-        "mutants": total,
-        "annotation_mutants_skipped": annotations,
+        **meta,
         "killed": killed,
         "killed_by_timeout": count["timeout"],
         "survived": count["survived"],
         "equivalent": count["equivalent"],
         "incompetent": count["incompetent"],  # the mutant could not even run
         "kill_rate": killed / ran if ran else None,  # of the non-equivalent mutants
-        "baseline_seconds": round(baseline_s, 1),
-        "timeout_seconds": round(timeout, 1),
-        "seconds": round(time.perf_counter() - start, 1),
         "survivors": [r for r in results if r["outcome"] in ("survived", "equivalent")],
         "results": results,
     }
@@ -371,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per mutant's test run (default: 4x the unmutated run + 10)")  # fmt: skip
+    parser.add_argument("--survivors", action="store_true",
+                        help="rerun only the survivors recorded in the results (same seed), "
+                        "e.g. after adding tests; equivalents are judged anew")  # fmt: skip
     parser.add_argument("--baseline", action="store_true",
                         help="only time one unmutated run of each module's tests")  # fmt: skip
     parser.add_argument("--markdown", help="also write the merged table as markdown here")
@@ -393,11 +427,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{module:40s} {s['baseline_seconds']:6.1f} s  {' '.join(tests)}", flush=True)
         return 0
     summaries = []
+    recorded = {s["module"]: s for s in _merge(path, [])}
     with Session() as session:
         for module in modules:
             tests = args.tests or CATALOGUE[module]
-            summaries.append(mutate(session, module, tests, max_mutants=args.max,
-                                    seed=args.seed, timeout=args.timeout))  # fmt: skip
+            previous = recorded.get(module) if args.survivors else None
+            if args.survivors and previous is None:
+                parser.error(f"--survivors: no results recorded for {module}")
+            summaries.append(mutate(session, module, tests, max_mutants=previous["max"] if previous
+                                    else args.max, seed=previous["seed"] if previous else args.seed,
+                                    timeout=args.timeout, previous=previous))  # fmt: skip
             # after every module, so an interrupted catalogue keeps what it measured
             write_json(path, {"modules": _merge(path, summaries)})
             _print(summaries[-1:])

@@ -58,6 +58,7 @@ def _cap_examples(items):
     (`@settings(max_examples=...)` overrides a profile)."""
     for item in items:
         test = getattr(item, "obj", None)
+        test = getattr(test, "__func__", test)  # a test method: its function holds the settings
         own = getattr(test, "_hypothesis_internal_use_settings", None)
         if own is not None and own.max_examples > MUTANT_EXAMPLES:
             test._hypothesis_internal_use_settings = settings(own, max_examples=MUTANT_EXAMPLES)
