@@ -47,8 +47,10 @@ CATALOGUE = {
     "functrain/schedules/decay.py": ["tests/schedules/test_schedules_decay.py"],
     "functrain/schedules/warmup.py": ["tests/schedules/test_schedules_warmup.py"],
     "functrain/schedules/scaling.py": ["tests/schedules/test_schedules_scaling.py"],
+    # the DTensor global norm: 2 spawned ranks, ~2 min here, run last (fastest first)
     "functrain/optim/base.py": ["tests/optim/test_optim_base.py",
-                                "tests/optim/test_optim_laws.py"],
+                                "tests/optim/test_optim_laws.py",
+                                "tests/optim/test_optim_distributed.py"],
     "functrain/optim/clipping.py": ["tests/optim/test_optim_clipping.py"],
     "functrain/optim/adam.py": ["tests/optim/test_optim_adam.py"],
     "functrain/optim/sgd.py": ["tests/optim/test_optim_sgd.py"],

@@ -12,4 +12,12 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "the second loop's `_reached` absorbs (300,000 random t_0, t_mult, cycle and near-boundary "
         "times: the index is the same with and without it); it is kept as a guard"
     ),
+    ("functrain/optim/base.py", 155, "core/AddNot"): (
+        "`_add`'s length check cannot fail: the dict path builds both lists from the same names, "
+        "the pytree path only after checking that both trees have one structure (so the message "
+        "with or without names is never built)"
+    ),
+    ("functrain/optim/base.py", 190, "core/ReplaceComparisonOperator_Eq_Is"): (
+        "torch dtypes are singletons: `x.dtype is torch.float64` is `x.dtype == torch.float64`"
+    ),
 }
