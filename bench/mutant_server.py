@@ -71,6 +71,7 @@ def _kill(pid: int) -> None:
 
 def serve(path: str, tree: str, modules_file: str) -> None:
     sys.dont_write_bytecode = True
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # and the processes a test starts (ranks)
     _preimport(modules_file)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)

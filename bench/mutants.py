@@ -119,36 +119,61 @@ def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int
     return spans
 
 
+def _change(diff: str | None) -> tuple[str, ...]:
+    """The removed and added lines of a mutant's diff: what identifies it across sessions."""
+    return tuple(ln for ln in (diff or "").splitlines()
+                 if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))  # fmt: skip
+
+
 def _thin(
     db: Path, module: Path, max_mutants: int, seed: int, only: set | None = None
 ) -> tuple[int, int]:
     """Drop the mutants inside annotations; keep one per (position, operator family), then at most
-    `max_mutants`; then, if `only` is given, only those of its (line, operator) pairs. Returns
+    `max_mutants` (the same ones for the same module source and seed). With `only` (the (line,
+    `_change`) of earlier survivors), keep exactly the mutants that make those changes. Returns
     (kept, dropped as annotations)."""
     rng = random.Random(seed)
     source = module.read_text()
     spans = _annotation_spans(source) if "from __future__ import annotations" in source else []
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
-            "SELECT job_id, operator_name, start_pos_row, start_pos_col FROM mutation_specs"
+            "SELECT job_id, operator_name, start_pos_row, start_pos_col, occurrence, "
+            "operator_args FROM mutation_specs"
         ).fetchall()
+        # job ids are random per `init`: order by what the mutant is, so the draw repeats
+        rows.sort(key=lambda r: (r[2], r[3], r[1], r[4], r[5] or ""))
         groups: dict[tuple, list[str]] = {}
         annotations = 0
-        for job, operator, row, col in sorted(rows):
+        for job, operator, row, col, *_ in rows:
             if any(lo <= (row, col) < hi for lo, hi in spans):
                 annotations += 1
                 continue
-            groups.setdefault((_family(operator), row, col), []).append(job)
+            groups.setdefault((row, col, _family(operator)), []).append(job)
         keep = [rng.choice(jobs) for _, jobs in sorted(groups.items())]
         if max_mutants and len(keep) > max_mutants:
-            keep = rng.sample(keep, max_mutants)
+            keep = sorted(rng.sample(keep, max_mutants), key=keep.index)
         if only is not None:
-            where = {job: (row, operator) for job, operator, row, _ in rows}
-            keep = [job for job in keep if where[job] in only]
+            keep = _matching(rows, source, module, only)
         drop = {job for job, *_ in rows} - set(keep)
         for table in ("mutation_specs", "work_items"):
             conn.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in drop])
     return len(keep), annotations
+
+
+def _matching(rows: list, source: str, module: Path, only: set) -> list[str]:
+    """The jobs among `rows` whose (line, change) is in `only`."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import _make_diff, mutate_code
+
+    keep = []
+    for job, operator, row, _col, occurrence, args in rows:
+        if not any(row == line for line, _ in only):
+            continue
+        op = cosmic_ray.plugins.get_operator(operator)(**(json.loads(args) if args else {}))
+        mutated = mutate_code(source, op, occurrence)
+        if mutated is not None and (row, _change(_make_diff(source, mutated, module))) in only:
+            keep.append(job)
+    return keep
 
 
 def _results(db: Path) -> list[dict]:
@@ -281,7 +306,7 @@ def mutate(
         return {"module": module, "tests": tests, "baseline_seconds": round(baseline_s, 1)}
     only = None
     if previous is not None:
-        only = {(r["line"], r["operator"]) for r in previous["results"]
+        only = {(r["line"], _change(r["diff"])) for r in previous["results"]
                 if _outcome(r) == "survived"}  # fmt: skip
     config.write_text(_config(module, command, timeout))
     for step in ("init", "exec"):
@@ -299,8 +324,8 @@ def mutate(
     if previous is not None:
         for r in results:
             r["rerun"] = "after tests were added"
-        redone = {(r["line"], r["operator"]) for r in results}
-        kept = [r for r in previous["results"] if (r["line"], r["operator"]) not in redone]
+        redone = {(r["line"], _change(r["diff"])) for r in results}
+        kept = [r for r in previous["results"] if (r["line"], _change(r["diff"])) not in redone]
         results = sorted(kept + results, key=lambda r: (r["line"], r["operator"]))
         total, annotations = previous["mutants"], previous["annotation_mutants_skipped"]
         seconds = previous["seconds"] + seconds
