@@ -169,7 +169,9 @@ def _matching(rows: list, source: str, module: Path, only: set) -> list[str]:
     for job, operator, row, _col, occurrence, args in rows:
         if not any(row == line for line, _ in only):
             continue
-        op = cosmic_ray.plugins.get_operator(operator)(**(json.loads(args) if args else {}))
+        while isinstance(args, str):  # the JSON column may hold encoded JSON text
+            args = json.loads(args)
+        op = cosmic_ray.plugins.get_operator(operator)(**(args or {}))
         mutated = mutate_code(source, op, occurrence)
         if mutated is not None and (row, _change(_make_diff(source, mutated, module))) in only:
             keep.append(job)

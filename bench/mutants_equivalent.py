@@ -20,4 +20,18 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     ("functrain/optim/base.py", 190, "core/ReplaceComparisonOperator_Eq_Is"): (
         "torch dtypes are singletons: `x.dtype is torch.float64` is `x.dtype == torch.float64`"
     ),
+    ("functrain/checkpoint/reader.py", 375, "core/ReplaceBinaryOperator_Mul_Div"): (
+        "`*` -> `/` in `_read_all`'s signature: `inplace` becomes positional-or-keyword instead "
+        "of keyword-only; every caller passes it by keyword, so no call changes"
+    ),
+    ("functrain/checkpoint/reader.py", 431, "core/ReplaceTrueWithFalse"): (
+        "`assume_metadata=False` makes tensorstore read each array's zarr.json instead of "
+        "trusting the spec the reader built from it after validating; the same bytes are read "
+        "(one more small read per array): a cost, not a behaviour"
+    ),
+    ("functrain/optim/base.py", 204, "core/NumberReplacer"): (
+        "`mesh.size(i) > 0` instead of `> 1` (the draw after the fix of the sampling; the "
+        "first run drew `> 2`): it also all-reduces over mesh dimensions of size 1, a sum over "
+        "one rank, which returns the value unchanged"
+    ),
 }
