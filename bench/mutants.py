@@ -362,6 +362,10 @@ def summarize(module: str, tests: list[str], results: list[dict], meta: dict) ->
         "equivalent": count["equivalent"],
         "incompetent": count["incompetent"],  # the mutant could not even run
         "kill_rate": killed / ran if ran else None,  # of the non-equivalent mutants
+        # of those killed, how many only by tests added after a first run (`--survivors`)
+        "killed_after_tests_added": sum(
+            bool(r.get("rerun")) and r["outcome"] in ("killed", "timeout") for r in results
+        ),
         "survivors": [r for r in results if r["outcome"] in ("survived", "equivalent")],
         "results": results,
     }
@@ -388,13 +392,14 @@ def _print(summaries: list[dict]) -> None:
 def markdown(summaries: list[dict]) -> str:
     """The per-module table and every surviving (or equivalent) mutant, as markdown."""
     lines = [
-        "| module | mutants | killed (by timeout) | survived | equivalent | kill rate of "
-        "non-equivalent | seconds | tests |",
+        "| module | mutants | killed (by timeout; by tests added) | survived | equivalent | "
+        "kill rate of non-equivalent | seconds | tests |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for s in summaries:
         lines.append(
-            f"| `{s['module']}` | {s['mutants']} | {s['killed']} ({s['killed_by_timeout']}) | "
+            f"| `{s['module']}` | {s['mutants']} | {s['killed']} ({s['killed_by_timeout']}; "
+            f"{s.get('killed_after_tests_added', 0)}) | "
             f"{s['survived']} | {s['equivalent']} | {_rate(s)} | {s['seconds']:.0f} | "
             f"{', '.join(f'`{t}`' for t in s['tests'])} |"
         )
@@ -437,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", action="store_true",
                         help="only time one unmutated run of each module's tests")  # fmt: skip
     parser.add_argument("--markdown", help="also write the merged table as markdown here")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: judge the recorded results anew, write --markdown")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import cosmic_ray  # noqa: F401
