@@ -121,7 +121,8 @@ def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int
 
 def _change(diff: str | None) -> tuple[str, ...]:
     """The removed and added lines of a mutant's diff: what identifies it across sessions."""
-    return tuple(ln for ln in (diff or "").splitlines()
+    text = diff if isinstance(diff, str) or diff is None else "\n".join(diff)  # str or lines
+    return tuple(ln.rstrip() for ln in (text or "").splitlines()
                  if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))  # fmt: skip
 
 
