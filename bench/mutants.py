@@ -274,6 +274,13 @@ class Session:
                 *pytest_args]  # fmt: skip
 
 
+def _not_killed(r: dict) -> str | None:
+    """Why a (non-equivalent) survivor is not killed yet (NOT_KILLED in mutants_equivalent)."""
+    from bench.mutants_equivalent import NOT_KILLED
+
+    return NOT_KILLED.get((r["module"], r["line"], r["operator"]))
+
+
 def mutate(
     session: Session,
     module: str,
@@ -408,9 +415,9 @@ def markdown(summaries: list[dict]) -> str:
         for r in s["survivors"]:
             change = [ln for ln in (r["diff"] or "").splitlines()
                       if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]  # fmt: skip
+            note = r.get("why") or _not_killed(r)
             lines += ["", f"- `{s['module']}:{r['line']}` in `{r['function']}` "
-                      f"({r['operator']}): **{r['outcome']}**"
-                      + (f" -- {r['why']}" if r.get("why") else ""),
+                      f"({r['operator']}): **{r['outcome']}**" + (f" -- {note}" if note else ""),
                       "  ```diff", *("  " + ln for ln in change), "  ```"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -456,6 +463,17 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.tests or CATALOGUE.get(module)):
             parser.error(f"no tests known for {module}: pass --tests")
     path = os.path.join(RESULTS_DIR, "mutants.json")
+    if args.report:
+        meta_keys = ("max", "seed", "mutants", "annotation_mutants_skipped", "baseline_seconds",
+                     "timeout_seconds", "seconds")  # fmt: skip
+        merged = [summarize(s["module"], s["tests"], s["results"], {k: s[k] for k in meta_keys})
+                  for s in _merge(path, [])]  # fmt: skip
+        write_json(path, {"modules": merged})
+        _print(merged)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(merged))
+        return 0
     if args.baseline:
         with Session() as session:
             for module in modules:
