@@ -20,9 +20,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import random
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -35,25 +37,39 @@ from bench.common import RESULTS_DIR, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# core module -> the tests that cover it (what `--catalogue` runs; issue 17's list)
+# core module -> the narrowest tests that cover it (what `--catalogue` runs; issue 17's list).
+# Each mutant costs one run of its module's tests, so these are the module's own test file(s),
+# not the package's (`--baseline` times one run of each).
 CATALOGUE = {
     "functrain/time.py": ["tests/test_time.py"],
-    "functrain/schedules/base.py": ["tests/schedules"],
-    "functrain/schedules/decay.py": ["tests/schedules"],
-    "functrain/schedules/warmup.py": ["tests/schedules"],
-    "functrain/optim/base.py": ["tests/optim"],
-    "functrain/optim/adam.py": ["tests/optim"],
-    "functrain/optim/clipping.py": ["tests/optim"],
+    "functrain/schedules/base.py": ["tests/schedules/test_schedules_base.py",
+                                    "tests/schedules/test_schedules_scaling.py"],
+    "functrain/schedules/decay.py": ["tests/schedules/test_schedules_decay.py"],
+    "functrain/schedules/warmup.py": ["tests/schedules/test_schedules_warmup.py"],
+    "functrain/schedules/scaling.py": ["tests/schedules/test_schedules_scaling.py"],
+    # the DTensor global norm: 2 spawned ranks, ~2 min here, run last (fastest first)
+    "functrain/optim/base.py": ["tests/optim/test_optim_base.py",
+                                "tests/optim/test_optim_laws.py",
+                                "tests/optim/test_optim_distributed.py"],
+    "functrain/optim/clipping.py": ["tests/optim/test_optim_clipping.py"],
+    "functrain/optim/adam.py": ["tests/optim/test_optim_adam.py"],
+    "functrain/optim/sgd.py": ["tests/optim/test_optim_sgd.py"],
+    "functrain/optim/lion.py": ["tests/optim/test_optim_lion.py"],
+    "functrain/optim/scale.py": ["tests/optim/test_optim_scale.py"],
+    "functrain/optim/masking.py": ["tests/optim/test_optim_masking.py"],
+    "functrain/optim/hyperparams.py": ["tests/optim/test_optim_hyperparams.py"],
+    "functrain/optim/accumulation.py": ["tests/optim/test_optim_accumulation.py"],
+    "functrain/functional/mixup.py": ["tests/functional/test_fn_mixup.py"],
+    "functrain/functional/label_smoothing.py": ["tests/functional/test_fn_label_smoothing.py"],
+    "functrain/functional/cutmix.py": ["tests/functional/test_fn_cutmix.py"],
     "functrain/data.py": ["tests/test_data.py"],
-    "functrain/pieces.py": ["tests/test_step.py", "tests/test_step_protocol.py"],
-    "functrain/step.py": ["tests/test_step.py", "tests/test_step_checks.py"],
+    "functrain/pieces.py": ["tests/test_step.py"],
+    "functrain/step.py": ["tests/test_step.py"],
     "functrain/checkpoint/writer.py": ["tests/checkpoint/test_checkpoint_writer.py",
                                        "tests/checkpoint/test_checkpoint_commit_phases.py"],
     "functrain/checkpoint/reader.py": ["tests/checkpoint/test_checkpoint_reader.py"],
     "functrain/parallel/compute.py": ["tests/parallel/test_parallel_compute.py"],
     "functrain/parallel/plans.py": ["tests/parallel/test_parallel_plans.py"],
-    "functrain/functional/mixup.py": ["tests/functional/test_fn_mixup.py",
-                                      "tests/algorithms/test_algo_mixup.py"],
 }  # fmt: skip
 
 
@@ -71,14 +87,13 @@ def _copy_checkout(dest: Path) -> None:
             shutil.copy2(source, target)
 
 
-def _config(module: str, tests: list[str], timeout: float) -> str:
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+def _config(module: str, command: list[str], timeout: float) -> str:
     return (
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(module)}\n"
         f"timeout = {float(timeout)}\n"
         "excluded-modules = []\n"
-        f"test-command = {json.dumps(' '.join(command))}\n\n"
+        f"test-command = {json.dumps(shlex.join(command))}\n\n"
         "[cosmic-ray.distributor]\n"
         'name = "local"\n'
     )
@@ -90,33 +105,88 @@ def _family(operator: str) -> str:
     return "_".join(parts[:2]) if len(parts) > 2 else operator
 
 
-def _thin(db: Path, max_mutants: int, seed: int) -> int:
-    """Keep one mutant per (position, operator family), then at most `max_mutants`; the count."""
+def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) (row, col) of every type annotation: under `from __future__ import
+    annotations` (every core module) they are never evaluated, so a mutant there is equivalent."""
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        notes = []
+        if isinstance(node, ast.arg | ast.AnnAssign):
+            notes.append(node.annotation)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            notes.append(node.returns)
+        spans += [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in notes if n]
+    return spans
+
+
+def _change(diff: str | None) -> tuple[str, ...]:
+    """The removed and added lines of a mutant's diff: what identifies it across sessions."""
+    text = diff if isinstance(diff, str) or diff is None else "\n".join(diff)  # str or lines
+    return tuple(ln.rstrip() for ln in (text or "").splitlines()
+                 if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))  # fmt: skip
+
+
+def _thin(
+    db: Path, module: Path, max_mutants: int, seed: int, only: set | None = None
+) -> tuple[int, int]:
+    """Drop the mutants inside annotations; keep one per (position, operator family), then at most
+    `max_mutants` (the same ones for the same module source and seed). With `only` (the (line,
+    `_change`) of earlier survivors), keep exactly the mutants that make those changes. Returns
+    (kept, dropped as annotations)."""
     rng = random.Random(seed)
+    source = module.read_text()
+    spans = _annotation_spans(source) if "from __future__ import annotations" in source else []
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
-            "SELECT job_id, operator_name, start_pos_row, start_pos_col FROM mutation_specs"
+            "SELECT job_id, operator_name, start_pos_row, start_pos_col, occurrence, "
+            "operator_args FROM mutation_specs"
         ).fetchall()
+        # job ids are random per `init`: order by what the mutant is, so the draw repeats
+        rows.sort(key=lambda r: (r[2], r[3], r[1], r[4], r[5] or ""))
         groups: dict[tuple, list[str]] = {}
-        for job, operator, row, col in sorted(rows):
-            groups.setdefault((_family(operator), row, col), []).append(job)
+        annotations = 0
+        for job, operator, row, col, *_ in rows:
+            if any(lo <= (row, col) < hi for lo, hi in spans):
+                annotations += 1
+                continue
+            groups.setdefault((row, col, _family(operator)), []).append(job)
         keep = [rng.choice(jobs) for _, jobs in sorted(groups.items())]
         if max_mutants and len(keep) > max_mutants:
-            keep = rng.sample(keep, max_mutants)
+            keep = sorted(rng.sample(keep, max_mutants), key=keep.index)
+        if only is not None:
+            keep = _matching(rows, source, module, only)
         drop = {job for job, *_ in rows} - set(keep)
         for table in ("mutation_specs", "work_items"):
             conn.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in drop])
-    return len(keep)
+    return len(keep), annotations
+
+
+def _matching(rows: list, source: str, module: Path, only: set) -> list[str]:
+    """The jobs among `rows` whose (line, change) is in `only`."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import _make_diff, mutate_code
+
+    keep = []
+    for job, operator, row, _col, occurrence, args in rows:
+        if not any(row == line for line, _ in only):
+            continue
+        while isinstance(args, str):  # the JSON column may hold encoded JSON text
+            args = json.loads(args)
+        op = cosmic_ray.plugins.get_operator(operator)(**(args or {}))
+        mutated = mutate_code(source, op, occurrence)
+        if mutated is not None and (row, _change(_make_diff(source, mutated, module))) in only:
+            keep.append(job)
+    return keep
 
 
 def _results(db: Path) -> list[dict]:
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
             "SELECT s.operator_name, s.start_pos_row, s.definition_name, r.worker_outcome, "
-            "r.test_outcome, r.diff FROM mutation_specs s JOIN work_results r USING (job_id) "
+            "r.test_outcome, r.diff, r.output FROM mutation_specs s JOIN work_results r USING (job_id) "
             "ORDER BY s.start_pos_row, s.operator_name"
         ).fetchall()
-    keys = ("operator", "line", "function", "worker_outcome", "test_outcome", "diff")
+    keys = ("operator", "line", "function", "worker_outcome", "test_outcome", "diff", "output")
     out = [dict(zip(keys, row)) for row in rows]
     for r in out:  # cosmic-ray stores the enums' names ("KILLED", "NORMAL")
         r["test_outcome"] = (r["test_outcome"] or "").lower()
@@ -124,63 +194,244 @@ def _results(db: Path) -> list[dict]:
     return out
 
 
-def mutate(module: str, tests: list[str], *, max_mutants: int, seed: int, timeout: float) -> dict:
-    """Run the mutants of `module` against `tests` in a scratch copy; the summary."""
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="functrain-mutants-") as scratch:
-        tree = Path(scratch) / "tree"
-        _copy_checkout(tree)
-        config, db = Path(scratch) / "cosmic-ray.toml", Path(scratch) / "session.sqlite"
-        config.write_text(_config(module, tests, timeout))
+# What the fork server imports once (bench/mutant_server.py): everything `functrain` and pytest
+# import that is not functrain or the tests themselves.
+_LIST_MODULES = """
+import sys, pytest, hypothesis, functrain
+print("\\n".join(m for m in sys.modules if not m.split(".")[0] in ("functrain", "tests", "bench")))
+"""
+
+
+def _outcome(r: dict) -> str:
+    """killed, timeout (killed by cosmic-ray's timeout), survived, equivalent or incompetent."""
+    if r["test_outcome"] == "killed" and r.get("timed_out"):
+        return "timeout"
+    if r["test_outcome"] == "survived" and _equivalent(r):
+        return "equivalent"
+    return r["test_outcome"]
+
+
+def _equivalent(r: dict) -> str | None:
+    """The reason a surviving mutant is equivalent (EQUIVALENT in bench/mutants_equivalent.py)."""
+    from bench.mutants_equivalent import EQUIVALENT
+
+    return EQUIVALENT.get((r["module"], r["line"], r["operator"]))
+
+
+class Session:
+    """A scratch copy of this checkout and a fork server running tests in it (a context manager).
+
+    Every module of one `python -m bench mutants` call is mutated in the same copy (cosmic-ray
+    restores each file after its mutant), so the copy, its bytecode and the server's imports are
+    paid once.
+    """
+
+    def __enter__(self) -> Session:
+        self._scratch = tempfile.TemporaryDirectory(prefix="functrain-mutants-")
+        self.dir = Path(self._scratch.name)
+        self.tree = self.dir / "tree"
+        _copy_checkout(self.tree)
+        # bytecode for the unmutated tree, so each run compiles only the mutated module
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(self.tree / "functrain"),
+                        str(self.tree / "tests")], check=True, capture_output=True)  # fmt: skip
         # the scratch copy first, so the mutated module is the one imported
-        paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-        cli = [sys.executable, "-m", "cosmic_ray.cli"]
-
-        def run(*args):
-            subprocess.run([*cli, *args, str(config), str(db)], cwd=tree, env=env, check=True,
-                           capture_output=True)  # fmt: skip
-
-        # the unmutated tests must pass, or every mutant would look killed
-        baseline = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-            cwd=tree, env=env, capture_output=True, text=True,
+        paths = [str(self.tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths),
+                        FUNCTRAIN_HYPOTHESIS_PROFILE="mutants")  # fmt: skip
+        modules = self.dir / "modules.txt"
+        listed = subprocess.run([sys.executable, "-c", _LIST_MODULES], cwd=self.tree, env=self.env,
+                                check=True, capture_output=True, text=True)  # fmt: skip
+        modules.write_text(listed.stdout)
+        self.sock, self.log = self.dir / "server.sock", self.dir / "pytest.log"
+        self.server_py = str(self.tree / "bench" / "mutant_server.py")
+        self.server = subprocess.Popen(
+            [sys.executable, self.server_py, "serve", str(self.sock), str(self.tree), str(modules)],
+            cwd=self.tree, env=self.env, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
-        if baseline.returncode != 0:
-            raise RuntimeError(f"{tests} fail before any mutation:\n{baseline.stdout[-3000:]}")
-        run("init")
-        total = _thin(db, max_mutants, seed)
-        run("exec")
-        results = _results(db)
-    killed = sum(r["test_outcome"] == "killed" for r in results)
-    survived = [r for r in results if r["test_outcome"] == "survived"]
-    incompetent = sum(r["test_outcome"] == "incompetent" for r in results)
-    ran = killed + len(survived)
+        if self.server.stdout.readline().strip() != "ready":
+            self.__exit__()
+            raise RuntimeError("the mutant fork server did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.server.poll() is None:
+            subprocess.run([sys.executable, self.server_py, "stop", str(self.sock)],
+                           capture_output=True)  # fmt: skip
+            try:
+                self.server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+        self._scratch.cleanup()
+
+    def command(self, tests: list[str], durations: Path) -> list[str]:
+        """The test command of one run: the fork server's client, with pytest's arguments.
+        `durations`: the tests' seconds, written by the first (unmutated) run; later runs take
+        the fastest first (tests/conftest.py)."""
+        # -W: the server imported hypothesis (a pytest plugin) before pytest could rewrite it
+        pytest_args = ["-x", "-q", "-p", "no:cacheprovider", f"--mutant-durations={durations}",
+                       "-W", "ignore::pytest.PytestAssertRewriteWarning", *tests]  # fmt: skip
+        return [sys.executable, self.server_py, "run", str(self.sock), str(self.log), "--",
+                *pytest_args]  # fmt: skip
+
+
+def _not_killed(r: dict) -> str | None:
+    """Why a (non-equivalent) survivor is not killed yet (NOT_KILLED in mutants_equivalent)."""
+    from bench.mutants_equivalent import NOT_KILLED
+
+    return NOT_KILLED.get((r["module"], r["line"], r["operator"]))
+
+
+def mutate(
+    session: Session,
+    module: str,
+    tests: list[str],
+    *,
+    max_mutants: int,
+    seed: int,
+    timeout: float | None,
+    previous: dict | None = None,
+) -> dict:
+    """Run the mutants of `module` against `tests` in the session's copy; the summary.
+
+    `timeout`: seconds per mutant's test run; None: 4x the unmutated run plus 10 s. A mutant that
+    runs past it (an endless loop) counts as killed, by timeout. `previous`: the module's summary
+    from an earlier run with the same seed; only its survivors run again (after tests were added),
+    and their new outcomes replace the old ones.
+    """
+    start = time.perf_counter()
+    name = module.replace("/", "_")
+    config, db = session.dir / f"{name}.toml", session.dir / f"{name}.sqlite"
+    command = session.command(tests, session.dir / f"{name}.durations.json")
+    # the unmutated tests must pass, or every mutant would look killed
+    t0 = time.perf_counter()
+    baseline = subprocess.run(
+        command, cwd=session.tree, env=session.env, capture_output=True, text=True
+    )
+    baseline_s = time.perf_counter() - t0
+    if baseline.returncode != 0:
+        raise RuntimeError(f"{tests} fail before any mutation:\n{baseline.stdout[-3000:]}")
+    if timeout is None:
+        timeout = 4 * baseline_s + 10
+    if max_mutants < 0:  # --baseline: only the cost of one run
+        return {"module": module, "tests": tests, "baseline_seconds": round(baseline_s, 1)}
+    only = None
+    if previous is not None:
+        only = {(r["line"], _change(r["diff"])) for r in previous["results"]
+                if _outcome(r) == "survived"}  # fmt: skip
+    config.write_text(_config(module, command, timeout))
+    for step in ("init", "exec"):
+        if step == "exec" and only == set():
+            break  # nothing survived: only re-judge the equivalents
+        subprocess.run([sys.executable, "-m", "cosmic_ray.cli", step, str(config), str(db)],
+                       cwd=session.tree, env=session.env, check=True,
+                       capture_output=True)  # fmt: skip
+        if step == "init":
+            total, annotations = _thin(db, session.tree / module, max_mutants, seed, only)
+    results = _results(db) if only != set() else []
+    for r in results:
+        r["timed_out"] = (r.pop("output") or "").strip() == "timeout"
+    seconds = round(time.perf_counter() - start, 1)
+    if previous is not None:
+        for r in results:
+            r["rerun"] = "after tests were added"
+        redone = {(r["line"], _change(r["diff"])) for r in results}
+        kept = [r for r in previous["results"] if (r["line"], _change(r["diff"])) not in redone]
+        results = sorted(kept + results, key=lambda r: (r["line"], r["operator"]))
+        total, annotations = previous["mutants"], previous["annotation_mutants_skipped"]
+        seconds = previous["seconds"] + seconds
+        baseline_s = previous["baseline_seconds"]
+        timeout = previous["timeout_seconds"]
+    return summarize(module, tests, results, {
+        "max": max_mutants, "seed": seed, "mutants": total,
+        "annotation_mutants_skipped": annotations, "baseline_seconds": round(baseline_s, 1),
+        "timeout_seconds": round(timeout, 1), "seconds": seconds,
+    })  # fmt: skip
+
+
+def summarize(module: str, tests: list[str], results: list[dict], meta: dict) -> dict:
+    """Counts and kill rate of one module's results, each judged (equivalent or not) anew."""
+    for r in results:
+        r["module"] = module
+        r["outcome"] = _outcome(r)
+        r.pop("why", None)
+        if r["outcome"] == "equivalent":
+            r["why"] = _equivalent(r)
+    count = {k: sum(r["outcome"] == k for r in results)
+             for k in ("killed", "timeout", "survived", "equivalent", "incompetent")}  # fmt: skip
+    killed = count["killed"] + count["timeout"]
+    ran = killed + count["survived"]
     return {
         "module": module,
         "tests": tests,
-        "mutants": total,
+        **meta,
         "killed": killed,
-        "survived": len(survived),
-        "incompetent": incompetent,  # the mutant could not even run (e.g. a timeout)
-        "kill_rate": killed / ran if ran else None,
-        "seconds": round(time.perf_counter() - start, 1),
-        "survivors": survived,
+        "killed_by_timeout": count["timeout"],
+        "survived": count["survived"],
+        "equivalent": count["equivalent"],
+        "incompetent": count["incompetent"],  # the mutant could not even run
+        "kill_rate": killed / ran if ran else None,  # of the non-equivalent mutants
+        # of those killed, how many only by tests added after a first run (`--survivors`)
+        "killed_after_tests_added": sum(
+            bool(r.get("rerun")) and r["outcome"] in ("killed", "timeout") for r in results
+        ),
+        "survivors": [r for r in results if r["outcome"] in ("survived", "equivalent")],
         "results": results,
     }
 
 
+def _rate(s: dict) -> str:
+    return "-" if s["kill_rate"] is None else f"{100 * s['kill_rate']:.1f}%"
+
+
 def _print(summaries: list[dict]) -> None:
-    print(f"{'module':40s} {'mutants':>8s} {'killed':>7s} {'survived':>9s} {'kill rate':>10s}")
+    head = ("module", "mutants", "killed", "timeout", "survived", "equiv.", "rate", "seconds")
+    print(f"{head[0]:36s}" + "".join(f"{h:>9s}" for h in head[1:]))
     for s in summaries:
-        rate = "-" if s["kill_rate"] is None else f"{100 * s['kill_rate']:.1f}%"
-        print(
-            f"{s['module']:40s} {s['mutants']:8d} {s['killed']:7d} {s['survived']:9d} {rate:>10s}"
+        cells = (s["mutants"], s["killed"], s["killed_by_timeout"], s["survived"],
+                 s["equivalent"], _rate(s), s["seconds"])  # fmt: skip
+        print(f"{s['module']:36s}" + "".join(f"{c!s:>9s}" for c in cells))
+    for s in summaries:
+        for r in s["survivors"]:
+            print(f"\n--- {r['outcome']}: {s['module']}:{r['line']} in {r['function']} "
+                  f"({r['operator']}){' -- ' + r['why'] if r.get('why') else ''}")  # fmt: skip
+            print("\n".join(line for line in (r["diff"] or "").splitlines() if line[:1] in "+-"))
+
+
+def markdown(summaries: list[dict]) -> str:
+    """The per-module table and every surviving (or equivalent) mutant, as markdown."""
+    lines = [
+        "| module | mutants | killed (by timeout; by tests added) | survived | equivalent | "
+        "kill rate of non-equivalent | seconds | tests |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in summaries:
+        lines.append(
+            f"| `{s['module']}` | {s['mutants']} | {s['killed']} ({s['killed_by_timeout']}; "
+            f"{s.get('killed_after_tests_added', 0)}) | "
+            f"{s['survived']} | {s['equivalent']} | {_rate(s)} | {s['seconds']:.0f} | "
+            f"{', '.join(f'`{t}`' for t in s['tests'])} |"
         )
     for s in summaries:
         for r in s["survivors"]:
-            print(f"\n--- survived: {s['module']}:{r['line']} in {r['function']} ({r['operator']})")
-            print("\n".join(line for line in (r["diff"] or "").splitlines() if line[:1] in "+-"))
+            change = [ln for ln in (r["diff"] or "").splitlines()
+                      if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]  # fmt: skip
+            note = r.get("why") or _not_killed(r)
+            lines += ["", f"- `{s['module']}:{r['line']}` in `{r['function']}` "
+                      f"({r['operator']}): **{r['outcome']}**" + (f" -- {note}" if note else ""),
+                      "  ```diff", *("  " + ln for ln in change), "  ```"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _merge(path: str, summaries: list[dict]) -> list[dict]:
+    """The modules already in `path`, with those measured now replacing theirs (catalogue order)."""
+    try:
+        with open(path) as f:
+            old = {s["module"]: s for s in json.load(f).get("modules", []) if "max" in s}
+    except (OSError, ValueError):
+        old = {}
+    old.update({s["module"]: s for s in summaries})
+    order = {m: i for i, m in enumerate(CATALOGUE)}
+    return sorted(old.values(), key=lambda s: (order.get(s["module"], len(order)), s["module"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,9 +440,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", action="append", help="a module path (repeatable)")
     parser.add_argument("--tests", nargs="+", help="the tests to run (default: the catalogue's)")
     parser.add_argument("--catalogue", action="store_true", help="every module of the catalogue")
-    parser.add_argument("--max", type=int, default=40, help="mutants per module (0: all)")
+    parser.add_argument("--max", type=int, default=25, help="mutants per module (0: all)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per mutant's test run (default: 4x the unmutated run + 10)")  # fmt: skip
+    parser.add_argument("--survivors", action="store_true",
+                        help="rerun only the survivors recorded in the results (same seed), "
+                        "e.g. after adding tests; equivalents are judged anew")  # fmt: skip
+    parser.add_argument("--baseline", action="store_true",
+                        help="only time one unmutated run of each module's tests")  # fmt: skip
+    parser.add_argument("--markdown", help="also write the merged table as markdown here")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: judge the recorded results anew, write --markdown")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import cosmic_ray  # noqa: F401
@@ -199,17 +459,48 @@ def main(argv: list[str] | None = None) -> int:
         print('bench mutants needs cosmic-ray: pip install -e ".[mutation]"', file=sys.stderr)
         return 2
     modules = list(CATALOGUE) if args.catalogue else (args.module or ["functrain/time.py"])
-    summaries = []
     for module in modules:
-        tests = args.tests or CATALOGUE.get(module)
-        if not tests:
+        if not (args.tests or CATALOGUE.get(module)):
             parser.error(f"no tests known for {module}: pass --tests")
-        summaries.append(
-            mutate(module, tests, max_mutants=args.max, seed=args.seed, timeout=args.timeout)
-        )
+    path = os.path.join(RESULTS_DIR, "mutants.json")
+    if args.report:
+        meta_keys = ("max", "seed", "mutants", "annotation_mutants_skipped", "baseline_seconds",
+                     "timeout_seconds", "seconds")  # fmt: skip
+        merged = [summarize(s["module"], s["tests"], s["results"], {k: s[k] for k in meta_keys})
+                  for s in _merge(path, [])]  # fmt: skip
+        write_json(path, {"modules": merged})
+        _print(merged)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(merged))
+        return 0
+    if args.baseline:
+        with Session() as session:
+            for module in modules:
+                tests = args.tests or CATALOGUE[module]
+                s = mutate(session, module, tests, max_mutants=-1, seed=0, timeout=None)
+                print(f"{module:40s} {s['baseline_seconds']:6.1f} s  {' '.join(tests)}", flush=True)
+        return 0
+    summaries = []
+    recorded = {s["module"]: s for s in _merge(path, [])}
+    with Session() as session:
+        for module in modules:
+            tests = args.tests or CATALOGUE[module]
+            previous = recorded.get(module) if args.survivors else None
+            if args.survivors and previous is None:
+                parser.error(f"--survivors: no results recorded for {module}")
+            summaries.append(mutate(session, module, tests, max_mutants=previous["max"] if previous
+                                    else args.max, seed=previous["seed"] if previous else args.seed,
+                                    timeout=args.timeout, previous=previous))  # fmt: skip
+            # after every module, so an interrupted catalogue keeps what it measured
+            write_json(path, {"modules": _merge(path, summaries)})
+            _print(summaries[-1:])
+    print()
     _print(summaries)
-    payload = {"max": args.max, "seed": args.seed, "modules": summaries}
-    path = write_json(os.path.join(RESULTS_DIR, "mutants.json"), payload)
+    merged = _merge(path, [])
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(merged))
     print(f"\nwrote {path}")
     return 0
 

@@ -378,3 +378,30 @@ def test_fused_adamw_path_of_a_donating_step_equals_the_pure_step():
     assert tree_allclose(state.params, pure_state.params, atol=1e-6)
     assert tree_allclose(state.opt_state, pure_state.opt_state, atol=1e-6)  # same structure too
     assert metrics["lr"] == pure_metrics["lr"] == pytest.approx(1e-2)
+
+
+def test_normalize_loss_forms():
+    # (killers of `python -m bench mutants` survivors in functrain/pieces.py)
+    from functrain.pieces import normalize_loss
+
+    loss = torch.tensor(2.0)
+    assert normalize_loss(loss)[0] is loss  # a 0-d loss is returned as it is, no reshape
+    one = torch.tensor([3.0])
+    assert normalize_loss(one)[0].shape == () and normalize_loss(one)[0].item() == 3.0
+    got, aux = normalize_loss((loss, {"acc": 0.5}))
+    assert got is loss and aux == {"acc": 0.5}
+    assert normalize_loss((loss, 7))[1] == {"aux": 7}
+    param = torch.nn.Parameter(torch.tensor(1.5))  # a Tensor subclass is a loss too
+    assert normalize_loss(param)[0] is param and normalize_loss(param)[1] == {}
+    with pytest.raises(TypeError, match="scalar loss"):
+        normalize_loss(torch.ones(2))
+
+
+def test_step_config_and_algorithm_defaults():
+    from functrain.pieces import Algorithm, StepConfig
+
+    config = StepConfig()
+    assert (config.precision, config.skip_nonfinite, config.donate) == ("fp32", False, False)
+    assert (config.grad_mode, config.report_grad_norms) == ("autograd", False)
+    assert config.weight_by == "samples" and config.microbatch_size is None
+    assert Algorithm("a", lambda pieces: pieces).resumable is True

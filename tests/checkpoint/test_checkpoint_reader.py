@@ -326,3 +326,19 @@ def test_checkpoint_package_never_unpickles():
                 )
             if isinstance(node, ast.keyword) and node.arg == "allow_pickle":
                 raise AssertionError(f"{source} allows pickle")
+
+
+def _rewrite_commit(path: str, edit) -> None:
+    commit_file = pathlib.Path(path) / layout.COMMIT_FILE
+    commit = json.loads(commit_file.read_bytes())
+    edit(commit)
+    commit_file.write_bytes(layout.dump_json(commit))
+
+
+def test_commit_listing_a_file_that_is_no_metadata_is_refused(fresh):
+    # COMMIT.json's 'files' become paths: a name outside the leaf zarr.json / root files is an
+    # attack or a corruption, refused before anything is opened.
+    path, state = fresh
+    _rewrite_commit(path, lambda c: c["files"].update({"../outside": "0" * 64}))
+    with pytest.raises(CheckpointCorruptError, match="not a checkpoint metadata file"):
+        checkpoint.load(path, like=state)

@@ -81,3 +81,50 @@ def test_bad_arguments_are_explained():
         cutmix_batch(torch.zeros(2, 4), torch.arange(2), bbox=(0, 0, 1, 1), indices=torch.arange(2))
     with pytest.raises(ValueError, match="generator="):
         cutmix_batch(x, torch.arange(2))
+
+
+def test_the_box_area_follows_beta_alpha_alpha():
+    # lambda ~ Beta(1, 1) is uniform on [0, 1]: mean 1/2 (a std of the mean of 400 draws is
+    # 0.014); alpha 0 means no mixing weight at all: lambda 0, the box is the whole image.
+    from functrain.functional.cutmix import sample_cutmix_lambda
+
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.tensor([sample_cutmix_lambda(1.0, gen) for _ in range(400)])
+    assert 0.43 < draws.mean().item() < 0.57 and draws.min() >= 0 and draws.max() <= 1
+    assert len(set(draws.tolist())) == 400
+    assert sample_cutmix_lambda(0.0, gen) == 0.0
+
+
+def test_a_length_box_on_a_non_square_image_spans_that_fraction_of_each_side():
+    # 4 x 8 images, length 0.5: a box of (at most, when clipped) 2 rows by 4 columns.
+    x, y, swap = _distinct_images(2, 4, 8), torch.tensor([0, 1]), torch.tensor([1, 0])
+    sides = set()
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        mixed, _, area, (x1, y1, x2, y2) = cutmix_batch(
+            x, y, length=0.5, indices=swap, generator=gen
+        )
+        rows, cols = x2 - x1, y2 - y1
+        assert 0 <= rows <= 2 and 0 <= cols <= 4
+        assert area == 1 - rows * cols / 32
+        assert (mixed[0] != x[0]).sum().item() == 2 * rows * cols  # 2 channels, all pasted
+        sides.add((rows, cols))
+    assert (2, 4) in sides  # an unclipped box
+
+
+def test_default_centres_are_inside_the_image_and_uniform_ones_reach_past_it():
+    # A 6-side box (length 0.6 of 10) around centre c covers [c - 3, c + 3) clipped to [0, 10).
+    # Default (Composer): c uniform in [0, 10), so at least 3 rows and columns stay inside.
+    # uniform_sampling: c uniform in [-3, 13); fewer than 3 rows inside for c in {-3, -2, -1,
+    # 11, 12}: 5 of 16 values, so 1 - (11/16)^2 = 0.53 of the boxes are that thin on an axis.
+    x, y = _distinct_images(2, 10, 10), torch.tensor([0, 1])
+    thin = {False: 0, True: 0}
+    for uniform in (False, True):
+        for seed in range(300):
+            gen = torch.Generator().manual_seed(seed)
+            options = {"uniform_sampling": True} if uniform else {}  # False: the default
+            *_, (x1, y1, x2, y2) = cutmix_batch(x, y, length=0.6, generator=gen, **options)
+            assert x2 - x1 <= 6 and y2 - y1 <= 6
+            thin[uniform] += x2 - x1 < 3 or y2 - y1 < 3
+    assert thin[False] == 0
+    assert 0.42 < thin[True] / 300 < 0.64

@@ -46,3 +46,19 @@ def test_dense_and_segmentation_targets():
 def test_out_of_range_smoothing_is_rejected():
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         smooth_labels(torch.zeros(1, 2), torch.tensor([0]), 1.5)
+
+
+def test_default_strength_is_composers_point_one_against_torch():
+    # torch's cross entropy with label_smoothing=0.1 is an independent implementation of the
+    # same targets: the loss against the smoothed targets must equal it.
+    gen = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(6, 5, generator=gen), torch.randint(0, 5, (6,), generator=gen)
+    ours = torch.nn.functional.cross_entropy(logits, smooth_labels(logits, y))
+    expected = torch.nn.functional.cross_entropy(logits, y, label_smoothing=0.1)
+    assert torch.allclose(ours, expected)
+
+
+@pytest.mark.parametrize("bad", [-0.5, -1e-9, 1.5])
+def test_strength_outside_the_unit_interval_is_refused(bad):
+    with pytest.raises(ValueError, match="smoothing must be in"):
+        smooth_labels(torch.zeros(2, 3), torch.tensor([0, 1]), bad)

@@ -125,3 +125,26 @@ def test_decoupled_adamw_defaults_are_composers():
     opt = decoupled_adamw()
     updates, _ = opt.update({"w": torch.zeros(1, dtype=torch.float64)}, opt.init(p), p)
     assert torch.allclose(p["w"] + updates["w"], torch.tensor([1 - 1e-5], dtype=torch.float64))
+
+
+def test_beta1_above_one_is_refused():
+    from functrain.optim import scale_by_adam
+
+    with pytest.raises(ValueError, match="beta1"):
+        scale_by_adam(b1=1.5)
+    with pytest.raises(ValueError, match="beta1"):
+        adamw(betas=(1.5, 0.999))
+
+
+def test_adam_takes_a_schedule_and_adamw_defaults_to_one_thousandth():
+    # torch.optim.AdamW's and Composer's default lr is 1e-3; the first Adam step moves each
+    # element by about lr (the update is sign-like, m_hat / sqrt(v_hat) = 1).
+    from functrain.optim import adam
+
+    params, grads = {"w": torch.zeros(3)}, {"w": torch.tensor([1.0, -2.0, 0.5])}
+    opt = adamw()
+    updates, _ = opt.update(grads, opt.init(params), params)
+    assert torch.allclose(updates["w"], -1e-3 * grads["w"].sign(), rtol=1e-4)
+    scheduled = adam(lr=lambda t: 0.5 if t == 0 else 0.25)
+    updates, _ = scheduled.update(grads, scheduled.init(params), params)
+    assert torch.allclose(updates["w"], -0.5 * grads["w"].sign(), rtol=1e-4)

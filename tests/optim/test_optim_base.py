@@ -100,3 +100,15 @@ def test_global_norm_is_the_norm_of_everything(random_tree, seed, scale_):
     assert torch.allclose(global_norm(tree), torch.linalg.vector_norm(flat), rtol=1e-5)
     assert global_norm({}).item() == 0.0
     assert global_norm({"a": torch.ones(4, dtype=torch.float64)}).dtype == torch.float64
+
+
+def test_global_norm_of_low_precision_leaves_is_float32():
+    # bf16 leaves: each leaf's norm is cast to float32 before the squares are summed, so the
+    # result is float32 (and 3-4-12 gives 13 exactly); float64 anywhere gives float64.
+    tree = {"a": torch.tensor([3.0, 4.0], dtype=torch.bfloat16), "b": torch.tensor([12.0])}
+    assert global_norm(tree).dtype == torch.float32 and global_norm(tree).item() == 13.0
+    only_bf16 = {"a": torch.tensor([3.0, 4.0], dtype=torch.bfloat16)}
+    assert global_norm(only_bf16).dtype == torch.float32
+    mixed = {"a": torch.tensor([3.0, 4.0], dtype=torch.float64), "b": torch.tensor([12.0])}
+    assert global_norm(mixed).dtype == torch.float64 and global_norm(mixed).item() == 13.0
+    assert global_norm({}).item() == 0.0

@@ -55,6 +55,9 @@ def test_clip_by_value_min_max():
     t = clip_by_value(min=-1.0, max=0.1)
     updates, _ = t.update(g, t.init(g))
     assert torch.equal(updates["w"], torch.tensor([-1.0, -0.5, 0.1, 0.1]))
+    only_min = clip_by_value(min=-1.0)
+    updates, _ = only_min.update(g, only_min.init(g))
+    assert torch.equal(updates["w"], torch.tensor([-1.0, -0.5, 0.2, 4.0]))
     only_max = clip_by_value(max=0.0)
     updates, _ = only_max.update(g, only_max.init(g))
     assert torch.equal(updates["w"], torch.tensor([-3.0, -0.5, 0.0, 0.0]))
@@ -66,6 +69,8 @@ def test_clip_bad_arguments():
         clip_by_global_norm(0.0)
     with pytest.raises(ValueError, match="not both"):
         clip_by_value(1.0, min=0.0)
+    with pytest.raises(ValueError, match="needs limit="):
+        clip_by_value()
     with pytest.raises(ValueError, match="larger than max"):
         clip_by_value(min=1.0, max=0.0)
     with pytest.raises(ValueError, match="needs the current parameters"):
@@ -123,3 +128,12 @@ def test_adaptive_grad_clip_eps_lets_zero_weights_move():
     frozen, _ = composer.update(grads, composer.init(params), params)
     assert torch.linalg.vector_norm(moved["b"]) == pytest.approx(0.5e-3, rel=1e-5)
     assert torch.equal(frozen["b"], torch.zeros(3))
+
+
+def test_adaptive_grad_clip_default_eps_is_one_thousandth():
+    # A zero weight row with the defaults (clipping 0.01, eps 1e-3): its gradient may have norm
+    # 0.01 * 1e-3 = 1e-5, so a unit gradient row is scaled to exactly that norm.
+    params, grads = {"w": torch.zeros(2, 4)}, {"w": torch.full((2, 4), 0.5)}  # rows of norm 1
+    agc = adaptive_grad_clip()
+    updates, _ = agc.update(grads, agc.init(params), params)
+    assert torch.allclose(updates["w"], torch.full((2, 4), 0.5e-5))

@@ -64,6 +64,9 @@ def _worker(rank, store_file):
     grads = _trees(1)
     flat = torch.cat([g.flatten() for g in grads.values()])
     assert torch.allclose(global_norm(shard(grads)), torch.linalg.vector_norm(flat))
+    # a tree of one sharded leaf (the device and dtype come from that first leaf alone)
+    rows = shard({"rows": grads["rows"]})
+    assert torch.allclose(global_norm(rows), torch.linalg.vector_norm(grads["rows"]))
 
     for name in _optimizers():
         for donate in (False, True):

@@ -144,3 +144,60 @@ def test_a_mask_function_is_passed_as_is_and_other_callables_are_schedules():
     assert torch.equal(updates["b"], torch.zeros(2))  # masked out: no decay
     clip = inject_hyperparams(clip_by_global_norm)(max_norm=lambda t: 2.0)
     assert clip.init(params).hyperparams == {"max_norm": 2.0}
+
+
+def _own_transform(copies, fail=None):
+    """A user's transform whose state has `copies` tensors (the structure follows the value) and
+    whose update raises `fail` if given."""
+    from functrain.optim import Transform
+
+    def init(params):
+        return tuple(torch.zeros(1) for _ in range(int(copies)))
+
+    def update(grads, state, params=None, **extra):
+        if fail is not None:
+            raise fail
+        return grads, tuple(torch.zeros(1) for _ in range(int(copies)))
+
+    return Transform(init, update)
+
+
+def test_an_update_that_changes_the_state_structure_without_failing_is_refused():
+    params = {"w": torch.zeros(2)}
+    grow = inject_hyperparams(_own_transform)(copies=lambda t: 1.0 if t == 0 else 2.0)
+    _, state = grow.update({"w": torch.ones(2)}, grow.init(params), params)  # count 0: 1 copy
+    with pytest.raises(ValueError, match="change the optimizer state's structure"):
+        grow.update({"w": torch.ones(2)}, state, params)
+
+
+def test_an_update_error_with_an_unchanged_structure_is_raised_as_is():
+    params = {"w": torch.zeros(2)}
+    failing = inject_hyperparams(_own_transform, static_args=("fail",))(
+        copies=1.0, fail=ValueError("the transform's own complaint")
+    )
+    with pytest.raises(ValueError, match="the transform's own complaint"):
+        failing.update({"w": torch.ones(2)}, failing.init(params), params)
+
+
+def test_a_mask_argument_without_a_default_is_passed_as_is():
+    # masked's `mask` has no default: a callable there is still a mask, not a schedule.
+    params = {"w": torch.ones(2), "b": torch.ones(2)}
+    opt = inject_hyperparams(masked, static_args=("inner",))(
+        inner=sgd(0.1), mask=lambda tree: {k: k == "w" for k in tree}
+    )
+    state = opt.init(params)
+    assert "mask" not in state.hyperparams
+    updates, _ = opt.update(params, state, params)
+    assert torch.allclose(updates["w"], torch.full((2,), -0.1))
+    assert torch.equal(updates["b"], torch.zeros(2))
+
+
+def test_current_lr_reads_an_injected_learning_rate_the_inner_state_does_not_keep():
+    def own_sgd(learning_rate):  # a scale: its state records no learning rate
+        from functrain.optim import scale
+
+        return scale(-learning_rate)
+
+    params = {"w": torch.zeros(2)}
+    opt = inject_hyperparams(own_sgd)(learning_rate=lambda t: 0.25)
+    assert current_lr(opt.init(params)) == 0.25

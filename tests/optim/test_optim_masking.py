@@ -105,3 +105,25 @@ def test_masked_in_chain_and_errors():
     # Extra mask names (e.g. frozen parameters outside the optimizer) are ignored.
     extra = masked(sgd(1.0), {"w": True, "b": True, "frozen": False})
     extra.update(params, extra.init(params), params)
+
+
+def test_callable_mask_is_built_from_the_params_not_the_grads():
+    # The mask selects by value, and params and grads disagree: built from the params, "w" is
+    # selected (it moves by -lr * g = -0.1 * -1) and "b" is not (a zero update).
+    by_sign = masked(sgd(0.1), lambda tree: {k: bool(v.sum() > 0) for k, v in tree.items()})
+    params = {"w": torch.ones(2), "b": -torch.ones(2)}
+    grads = {"w": -torch.ones(2), "b": torch.ones(2)}
+    updates, _ = by_sign.update(grads, by_sign.init(params), params)
+    assert torch.equal(updates["w"], torch.full((2,), 0.1))
+    assert torch.equal(updates["b"], torch.zeros(2))
+    # without params, the documented fallback: built from the grads ("b" selected)
+    updates, _ = by_sign.update(grads, by_sign.init(params))
+    assert torch.equal(updates["w"], torch.zeros(2))
+    assert torch.equal(updates["b"], torch.full((2,), -0.1))
+
+
+def test_missing_mask_entries_error_names_the_first_five():
+    params = {f"p{i}": torch.ones(1) for i in range(8)}
+    with pytest.raises(ValueError) as err:
+        masked(sgd(1.0), {"p0": True}).init(params)
+    assert "['p1', 'p2', 'p3', 'p4', 'p5']" in str(err.value)

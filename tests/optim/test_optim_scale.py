@@ -60,8 +60,43 @@ def test_add_decoupled_weight_decay_follows_the_schedule_ratio():
     assert torch.allclose(u1["w"], torch.full((2,), -0.1))
     assert state.factor == 0.5
     zero_base = add_decoupled_weight_decay(0.1, lr=0.5, initial_lr=0.0)
+    assert zero_base.init(p) == DecoupledWeightDecayState(count=0, factor=1.0)
     u, _ = zero_base.update(g, zero_base.init(p), p)  # Composer: initial_lr 0 -> factor 1
     assert torch.allclose(u["w"], torch.full((2,), -0.2))
+
+
+def test_add_decoupled_weight_decay_of_one_and_of_zero():
+    p, g = {"w": torch.full((2,), 2.0)}, {"w": torch.full((2,), 0.5)}
+    full = add_decoupled_weight_decay(1.0, lr=0.1)  # decay 1 at the base lr: g - 1 * p
+    u, _ = full.update(g, full.init(p), p)
+    assert torch.equal(u["w"], torch.full((2,), -1.5))
+    none = add_decoupled_weight_decay(0.0, lr=0.1)  # no decay: the params are not needed
+    u, state = none.update(g, none.init(p))
+    assert torch.equal(u["w"], g["w"]) and state.count == 1
+
+
+def test_add_decoupled_weight_decay_of_a_bare_schedule_is_relative_to_one():
+    # A bare functrain schedule's values are multipliers of 1: at t=0 cosine annealing is 1, so
+    # the factor is 1 (with a base of 2 it would be 0.5).
+    from functrain.optim.scale import base_lr
+    from functrain.schedules import cosine_annealing
+
+    assert base_lr(cosine_annealing()) == 1.0
+    p, g = {"w": torch.full((2,), 2.0)}, {"w": torch.zeros(2)}
+    t = add_decoupled_weight_decay(0.1, lr=cosine_annealing(t_max="10ba"))
+    u, state = t.update(g, t.init(p), p, time=Timestamp(batch=0))
+    assert state.factor == 1.0
+    assert torch.allclose(u["w"], torch.full((2,), -0.2))
+
+
+def test_weight_decays_record_no_autograd_graph():
+    # The updates are computed under no_grad: parameters that require grad (as in a step) give
+    # updates with no graph behind them (else every step would keep the last one's graph).
+    p = {"w": torch.full((2,), 2.0, requires_grad=True)}
+    g = {"w": torch.zeros(2)}
+    for t in (add_decoupled_weight_decay(0.1, lr=0.1), add_decayed_weights(0.1)):
+        u, _ = t.update(g, t.init(p), p)
+        assert u["w"].grad_fn is None and not u["w"].requires_grad
 
 
 def test_bad_hyperparameters():

@@ -1,5 +1,6 @@
 """Schedules without warm-up: Composer's formulas, defaults, bounds, monotonicity, warm restarts."""
 
+import dataclasses
 import doctest
 
 import pytest
@@ -136,3 +137,40 @@ def test_out_of_range_arguments_are_refused(make, message):
     bench mutants`: these checks were untested)."""
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: decay.StepSchedule("0ba"), "step_size"),
+        (lambda: decay.ExponentialSchedule(0.0, decay_period="10ba"), "gamma"),
+        (lambda: decay.CosineAnnealingSchedule(t_max="0ba"), "t_max"),
+        (lambda: decay.CosineAnnealingWarmRestartsSchedule("10ba", t_mult=0.0), "t_mult"),
+    ],
+)
+def test_zero_lengths_and_factors_are_refused(make, message):
+    """A zero step or period has no decay count, and exponential decay by 0 (or cycles that do
+    not grow at all) have no meaning: each is refused, naming the argument."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        decay.ConstantSchedule(),
+        decay.StepSchedule("10ba"),
+        decay.MultiStepSchedule(["10ba"]),
+        decay.LinearSchedule(),
+        decay.ExponentialSchedule(0.5),
+        decay.CosineAnnealingSchedule(),
+        decay.CosineAnnealingWarmRestartsSchedule("10ba"),
+        decay.PolynomialSchedule(2.0),
+    ],
+    ids=lambda s: type(s).__name__,
+)
+def test_every_decay_schedule_is_a_frozen_hashable_value(schedule):
+    field = dataclasses.fields(schedule)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(schedule, field, getattr(schedule, field))
+    assert {schedule: 1}[dataclasses.replace(schedule)] == 1

@@ -57,8 +57,13 @@ def test_scale_duration():
     assert S.scale_duration("90ep", 0.5) == Time(45, "ep")
     assert S.scale_duration("3ep", 0.5) == Time(1.5, "ep")
     assert S.scale_duration("1001ba", 0.5) == Time(501, "ba")
-    # Not 31: 100 * 0.3 is 30.000000000000004 in floats.
     assert S.scale_duration("100ba", 0.3) == Time(30, "ba")
+    # Not 8: 100 * 0.07 is 7.000000000000001 in floats (100 * 0.3 is exactly 30.0).
+    assert 100 * 0.07 > 7
+    assert S.scale_duration("100ba", 0.07) == Time(7, "ba")
+    # The slack is relative 1e-12, at least 1e-12: 1.5e-12 over a whole count is a real excess.
+    assert S.scale_duration("1ba", 1 + 1.5e-12) == Time(2, "ba")
+    assert S.scale_duration("1ba", 1 + 0.5e-12) == Time(1, "ba")
     assert S.scale_duration("1h", 0.25) == Time(900, "sec")
     with pytest.raises(ValueError, match="'dur' is a fraction"):
         S.scale_duration("1dur", 2)

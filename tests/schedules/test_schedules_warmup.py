@@ -1,5 +1,6 @@
 """Warm-up schedules: Composer's formulas, defaults, the ramp, continuity, monotonicity, units."""
 
+import dataclasses
 import doctest
 
 import pytest
@@ -131,3 +132,35 @@ def test_continuous_at_the_end_of_warmup(a, b, g, w, T, power):
 
 def test_docstring_examples_run():
     assert doctest.testmod(warmup).failed == 0
+
+
+WARMUP_SCHEDULES = [
+    S.constant_with_warmup("10ba"),
+    S.linear_with_warmup("10ba"),
+    S.cosine_annealing_with_warmup("10ba"),
+    S.polynomial_with_warmup("10ba"),
+    S.multistep_with_warmup("10ba", ["20ba"]),
+]
+
+
+@pytest.mark.parametrize("schedule", WARMUP_SCHEDULES, ids=lambda s: type(s).__name__)
+def test_every_warmup_schedule_is_a_frozen_hashable_value(schedule):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        schedule.t_warmup = schedule.t_warmup
+    assert {schedule: 1}[dataclasses.replace(schedule)] == 1
+
+
+@pytest.mark.parametrize("schedule", WARMUP_SCHEDULES, ids=lambda s: type(s).__name__)
+def test_scaling_keeps_the_warmup_length_by_default(schedule):
+    # Composer's default (scale_warmup=False): a 2x longer run warms up over the same 10 batches.
+    assert S.scale_schedule_ratio(schedule, 2.0).t_warmup == Time(10, "ba")
+    assert S.scale_schedule_ratio(schedule, 2.0)(5) == 0.5
+
+
+@pytest.mark.parametrize(
+    "make", [S.linear_with_warmup, S.cosine_annealing_with_warmup, S.polynomial_with_warmup]
+)
+def test_a_warmup_in_samples_at_the_first_batch_is_the_start_of_the_decay(make):
+    # An empty warm-up in samples beside a horizon in batches: at batch 0 nothing can be converted
+    # (no samples per batch known yet) and the decay has not begun: the multiplier is 1.
+    assert make(t_warmup="0sp", t_max="10ba")(Timestamp()) == 1.0
