@@ -26,8 +26,10 @@ from scenario_jobs import TOTAL_STEPS, Job, finished, read_progress, tail
 # Across rank counts results agree up to rounding, which low precision amplifies: (loss, state)
 # tolerances, about 4x the largest gaps measured between full 2-rank and 1-process runs of every
 # algorithm (fp32: 5e-7 and 4e-6; amp_bf16: 2e-4 and 1.4e-2; amp_fp16 without overflow: 2e-5 and
-# 6e-3; the GPT's Adam steps on near-zero gradients are the largest).
-TOLERANCE = {"fp32": (1e-5, 1e-5), "amp_bf16": (1e-3, 5e-2), "amp_fp16": (1e-4, 2e-2)}
+# 6e-3; the GPT's Adam steps on near-zero gradients are the largest). The strength-3 run found
+# SAM under fp16 1.2e-4 apart in relative loss (its ascent step amplifies rounding), so fp16's
+# loss tolerance is 1e-3: twice fp16's unit roundoff (4.9e-4), as bf16's.
+TOLERANCE = {"fp32": (1e-5, 1e-5), "amp_bf16": (1e-3, 5e-2), "amp_fp16": (1e-3, 2e-2)}
 # MixUp and CutMix pair the samples of each rank's own batch (as Composer does), so a run on
 # another rank count is a different, equally valid run: measured 8e-3 apart in loss.
 RANK_DEPENDENT = ("recipe",)
