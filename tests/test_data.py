@@ -257,3 +257,76 @@ def test_stateful_iterables_resume_through_their_state():
     assert saved == {"state": {"sample_in_epoch": 64, "from_beginning": True}}
     source.load_state_dict(saved, batch_in_epoch=8)
     assert streaming.loaded == {"sample_in_epoch": 64, "from_beginning": True}
+
+
+# -- mutation-testing survivors of functrain/data.py (bench mutants, issue 17) ------------------
+
+
+def _squares(n=12):
+    return TensorDataset(torch.arange(n) ** 2, torch.arange(n))
+
+
+def test_plain_iteration_yields_epoch_0_until_set_epoch_says_otherwise():
+    # expected order from epoch_order itself is circular; compare with epoch_iter(0) and (1)
+    loader = Loader(_squares(), 4, seed=3, rank=0, world_size=1)
+    first = [b[1].tolist() for b in loader]
+    assert first == [b[1].tolist() for b in loader.epoch_iter(0)]
+    assert first != [b[1].tolist() for b in loader.epoch_iter(1)]  # the epochs differ
+    loader.set_epoch(1)
+    assert [b[1].tolist() for b in loader] == [b[1].tolist() for b in loader.epoch_iter(1)]
+
+
+def test_a_loader_without_placement_is_placed_by_fit_one_with_it_keeps_its_own():
+    unplaced = Loader(_squares(), 4)
+    assert unplaced.placed_explicitly is False
+    placed = unplaced.placed(1, 2)
+    assert (placed.rank, placed.world_size) == (1, 2)
+    assert (unplaced.rank, unplaced.world_size) == (0, 1)  # a copy: the original is unchanged
+    own = Loader(_squares(), 4, rank=0, world_size=1)
+    assert own.placed_explicitly is True and own.placed(1, 2).rank == 0
+
+
+class _Items(Dataset):
+    """A map-style dataset that is not a TensorDataset (the DataLoader path)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+
+def test_a_multiprocessing_context_without_workers_is_ignored():
+    # DataLoader refuses a context with num_workers=0; the loader must pass it only with workers
+    loader = Loader(
+        _Items(), 4, shuffle=False, rank=0, world_size=1, multiprocessing_context="spawn"
+    )
+    assert [b.flatten().tolist() for b in loader.epoch_iter(0)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_collate_fn_is_used_on_in_memory_tensors_too():
+    def doubled(samples):  # sum of the squares, doubled: not what default_collate gives
+        return 2 * torch.stack([s[0] for s in samples]).sum()
+
+    loader = Loader(_squares(4), 4, shuffle=False, rank=0, world_size=1, collate_fn=doubled)
+    assert [int(b) for b in loader.epoch_iter(0)] == [2 * (0 + 1 + 4 + 9)]
+
+
+def test_data_without_a_length_has_zero_batches_per_epoch():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([torch.zeros(2)] * 3)
+
+    assert DataSource(Stream()).batches_per_epoch() == 0
+    assert DataSource([torch.zeros(2)] * 3).batches_per_epoch() == 3
+
+
+def test_a_replayed_resume_warns_once_per_source():
+    source = DataSource([torch.full((1,), float(i)) for i in range(5)])
+    with pytest.warns(UserWarning, match="replaying and dropping"):
+        assert float(next(source.epoch_iter(0, 2))) == 2.0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second warning would raise here
+        assert float(next(source.epoch_iter(1, 3))) == 3.0
