@@ -279,3 +279,30 @@ def test_docstring_examples_run():
     import functrain.time
 
     assert doctest.testmod(functrain.time).failed == 0
+
+
+# -- mutation-testing survivors of functrain/time.py (bench mutants, issue 17) ------------------
+
+
+def test_huge_whole_numbers_print_in_exponent_form_and_round_trip():
+    assert str(Time(1e17, "sec")) == "1e+17sec"  # not "100000000000000000sec"
+    assert str(Time(2.0**53, "sec")) == "9007199254740992sec"  # below 1e16: as an integer
+    assert Time.from_str(str(Time(1e17, "sec"))) == Time(1e17, "sec")
+
+
+def test_a_bool_is_no_time_factor():
+    with pytest.raises(TypeError):
+        Time(3, "ba") * True
+    with pytest.raises(TypeError):
+        True * Time(3, "ba")
+    assert Time(3, "ba") * 2 == Time(6, "ba")
+
+
+def test_a_timestamp_is_immutable_and_starts_at_zero():
+    import dataclasses
+
+    ts = Timestamp()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ts.batch = 3
+    assert ts.elapsed_sec == 0.0 and ts.advance_batch(samples=4).elapsed_sec == 0.0
+    assert all(getattr(ts, f.name) == 0 for f in dataclasses.fields(ts))
