@@ -405,3 +405,13 @@ def test_step_config_and_algorithm_defaults():
     assert (config.grad_mode, config.report_grad_norms) == ("autograd", False)
     assert config.weight_by == "samples" and config.microbatch_size is None
     assert Algorithm("a", lambda pieces: pieces).resumable is True
+
+
+def test_the_global_gradient_norm_of_no_gradients_is_zero_and_matches_torch():
+    # a model whose parameters are all frozen has an empty gradient tree (mutants: step.py:335)
+    from functrain.step import _grad_norm
+
+    assert float(_grad_norm({}, plain=True)) == 0.0
+    grads = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([[12.0]])}
+    assert float(_grad_norm(grads, plain=True)) == 13.0  # sqrt(9 + 16 + 144)
+    assert float(_grad_norm(grads, plain=False)) == 13.0
