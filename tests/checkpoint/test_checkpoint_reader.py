@@ -342,3 +342,15 @@ def test_commit_listing_a_file_that_is_no_metadata_is_refused(fresh):
     _rewrite_commit(path, lambda c: c["files"].update({"../outside": "0" * 64}))
     with pytest.raises(CheckpointCorruptError, match="not a checkpoint metadata file"):
         checkpoint.load(path, like=state)
+
+
+def test_a_state_saved_at_step_0_loads_with_its_step(tmp_path):
+    # a checkpoint of the initial state (Composer's `save_interval` at batch 0; kills the
+    # reader.py:172 mutant that refused step 0)
+    state = functrain.init(Net(4), functrain.optim.adamw(lr=1e-3), seed=3)
+    assert int(state.step) == 0
+    path = str(tmp_path / "ckpt")
+    checkpoint.save(path, state)
+    loaded = checkpoint.load(path, like=blank_like(state))
+    assert int(loaded.step) == 0
+    assert_same_state(loaded, state)
