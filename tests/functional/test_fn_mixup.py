@@ -59,3 +59,21 @@ def test_targets_may_be_a_pytree_and_errors_are_clear():
         mixup_batch(x, torch.arange(3), mixing=1.5, indices=torch.arange(3))
     with pytest.raises(ValueError, match="permutation of 3"):
         mixup_batch(x, torch.arange(3), mixing=0.1, indices=torch.arange(2))
+
+
+def test_the_default_alpha_is_composers_0_2():
+    # E[min(z, 1 - z)] for z ~ Beta(a, a), by a midpoint rule over [0, 1/2] (independent of the
+    # code; 1/4 at a=1 as it must be): a=0.2: 0.101; a=1.2: 0.267. 400 draws: standard error ~0.005.
+    import math
+
+    def expected(a, n=200_000):
+        log_beta = 2 * math.lgamma(a) - math.lgamma(2 * a)
+        z = (torch.arange(n, dtype=torch.float64) + 0.5) / (2 * n)
+        pdf = torch.exp((a - 1) * torch.log(z) + (a - 1) * torch.log1p(-z) - log_beta)
+        return float(2 * (z * pdf).sum() / (2 * n))
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.zeros(4, 2), torch.arange(4)
+    draws = [mixup_batch(x, y, generator=gen)[2] for _ in range(400)]
+    mean = sum(draws) / len(draws)
+    assert abs(mean - expected(0.2)) < 0.025 < abs(mean - expected(1.2))
