@@ -133,7 +133,8 @@ def test_mutants_keeps_one_mutant_per_position_and_operator_family(tmp_path):
         conn.execute("CREATE TABLE work_items (job_id VARCHAR PRIMARY KEY)")
         conn.execute(
             "CREATE TABLE mutation_specs (job_id VARCHAR PRIMARY KEY, operator_name VARCHAR, "
-            "start_pos_row INTEGER, start_pos_col INTEGER)"
+            "start_pos_row INTEGER, start_pos_col INTEGER, occurrence INTEGER, "
+            "operator_args VARCHAR)"
         )
         rows = [  # two sites of a `+` (3 replacements each) and one number
             *[
@@ -146,10 +147,13 @@ def test_mutants_keeps_one_mutant_per_position_and_operator_family(tmp_path):
             ],
             ("c0", "core/NumberReplacer", 3, 0),
         ]
-        conn.executemany("INSERT INTO mutation_specs VALUES (?, ?, ?, ?)", rows)
+        rows = [(*r, 0, None) for r in rows]
+        conn.executemany("INSERT INTO mutation_specs VALUES (?, ?, ?, ?, ?, ?)", rows)
         conn.executemany("INSERT INTO work_items VALUES (?)", [(r[0],) for r in rows])
-    assert mutants._thin(db, max_mutants=0, seed=0) == 3
+    module = tmp_path / "module.py"  # the mutated source (no annotations to skip here)
+    module.write_text("a = 1 + 2\nb = 3 + 4\nc = 5\n")
+    assert mutants._thin(db, module, max_mutants=0, seed=0) == (3, 0)
     with sqlite3.connect(db) as conn:
         kept = [r[0] for r in conn.execute("SELECT job_id FROM work_items ORDER BY job_id")]
     assert [k[0] for k in kept] == ["a", "b", "c"]
-    assert mutants._thin(db, max_mutants=2, seed=0) == 2
+    assert mutants._thin(db, module, max_mutants=2, seed=0) == (2, 0)
