@@ -95,11 +95,6 @@ def dtensor_on(local: torch.Tensor, mesh, placements, shape, stride) -> DTensor:
     return DTensor(local, spec, requires_grad=local.requires_grad)
 
 
-def is_offloaded(layout: Layout | None) -> bool:
-    """True when some parameter of `layout` lives in host memory (`fsdp(offload=True)`)."""
-    return layout is not None and layout.offloaded
-
-
 def _offloaded_dtensors(tree: dict[str, Any], layout: Layout):
     from torch.distributed.tensor import DTensor
 
