@@ -55,7 +55,7 @@ import torch
 from . import precision as precision_lib
 from .batching import num_samples
 from .guards import skip_nonfinite
-from .optim import apply_updates, fused_update, global_norm
+from .optim import FusedCache, apply_updates, fused_update, global_norm
 from .optim._foreach import is_dtensor, placed_alike
 from .optim.buffers import BufferPool
 from .parallel import compute as parallel_compute
@@ -103,6 +103,7 @@ class Step:
         self._trainable = self._grads_piece.trainable
         self._device_type = self._grads_piece.device_type
         self._plans = Plans()  # performance caches only: what a call decides is the same
+        self._fused_cache = FusedCache()
         pieces = self._base_pieces()
         for algorithm in self._own_algorithms + self.algorithms:
             pieces = algorithm.apply(pieces)
@@ -166,7 +167,9 @@ class Step:
 
     # -- the default update piece (the optim engineer's fused fast path) ----------------------
 
-    def _update(self, grads: dict, state: TrainState) -> TrainState:
+    def _update(
+        self, grads: dict, state: TrainState, norm: torch.Tensor | None = None
+    ) -> TrainState:
         """The optimizer update: fused kernels in place, on private copies unless donating.
 
         Purity is a property, not a price: a pure step copies the trainable params and the
@@ -174,7 +177,8 @@ class Step:
         before, see `functrain.optim.buffers`) and then runs exactly the donating update on
         them. The update is the fused executor (`functrain.optim.fused`: torch's fused kernels
         for the whole composition) when the optimizer has a fused form, else its `update` with
-        `donate=True`.
+        `donate=True`. `norm` is `grads`' global norm when the step has it (its metric), so a
+        fused global-norm clip does not take it a second time.
         """
         trainable = {k: state.params[k] for k in grads}
         if torch.compiler.is_compiling():  # traced: the functional path, which inductor fuses
@@ -189,7 +193,14 @@ class Step:
         new_opt_state = None
         if self._can_fuse(params, grads):
             new_opt_state = fused_update(
-                self.optimizer, grads, opt_state, params, time=state.timestamp
+                self.optimizer,
+                grads,
+                opt_state,
+                params,
+                norm=norm,
+                # A pure step's buffers are recycled only when nothing refers to them.
+                cache=self._fused_cache if self.config.donate else None,
+                time=state.timestamp,
             )
         if new_opt_state is None:  # no fused form: the transforms' own in-place path
             updates, new_opt_state = self.optimizer.update(
@@ -285,7 +296,11 @@ class Step:
                 timestamp=state.timestamp.advance_batch(samples, tokens),
             )
         else:
-            new_state = pieces.update(grads, guarded)
+            if pieces.update == self._update:  # the default piece takes the norm in hand
+                norm = grad_norm if grads is result.grads else None
+                new_state = self._update(grads, guarded, norm)
+            else:
+                new_state = pieces.update(grads, guarded)
             new_state = new_state.replace(
                 step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens)
             )

@@ -78,6 +78,7 @@ class GradsPiece:
         self.device_type = device_type(model)
         self.microbatch = None if config.microbatch_size == "auto" else config.microbatch_size
         self._aliases: tuple | None = None  # state tensors known to be the model's own
+        self._slot_cache: tuple | None = None  # (names, their module slots): see `_slots`
 
     def call_model(self, state: TrainState, *args, **kwargs):
         """Run the model with `state`'s params and buffers, without gradients."""
@@ -89,13 +90,48 @@ class GradsPiece:
 
     def _with_tensors(self, tensors: dict, fn: Callable, *args, **kwargs):
         """`fn(model, *args, **kwargs)` with `tensors` swapped into the model for the call."""
-        return torch.func.functional_call(
-            self._apply_module,
-            _prefixed("model.", tensors),
-            (fn, *args),
-            kwargs,
-            tie_weights=self._tied,
-        )
+        slots = None if self._tied or torch.compiler.is_compiling() else self._slots(tensors)
+        if slots is None:  # tied weights (re-derived per call) or traced: functional_call
+            return torch.func.functional_call(
+                self._apply_module,
+                _prefixed("model.", tensors),
+                (fn, *args),
+                kwargs,
+                tie_weights=self._tied,
+            )
+        # What functional_call does for untied tensors, without its per-call name walking:
+        # each tensor written into its module's `_parameters`/`_buffers` slot, restored after.
+        originals = [slot[key] for slot, key in slots]
+        try:
+            for (slot, key), tensor in zip(slots, tensors.values()):
+                slot[key] = tensor
+            return fn(self.model, *args, **kwargs)
+        finally:
+            for (slot, key), original in zip(slots, originals):
+                slot[key] = original
+
+    def _slots(self, tensors: dict) -> list[tuple[dict, str]] | None:
+        """The `(module._parameters or module._buffers, key)` of each name of `tensors`, in
+        order (decided once per set of names); None when a name is not a direct slot."""
+        names = tuple(tensors)
+        known = self._slot_cache
+        if known is not None and known[0] == names:
+            return known[1]
+        slots: list[tuple[dict, str]] | None = []
+        for name in names:
+            prefix, _, key = name.rpartition(".")
+            try:
+                owner = self.model.get_submodule(prefix)
+            except AttributeError:
+                slots = None
+                break
+            slot = owner._parameters if key in owner._parameters else owner._buffers
+            if key not in slot or slot[key] is None:
+                slots = None
+                break
+            slots.append((slot, key))
+        self._slot_cache = (names, slots)
+        return slots
 
     def in_place(self, state: TrainState) -> bool:
         """True when `state`'s tensors *are* the model's own (a donating run from `init`): then

@@ -415,3 +415,31 @@ def test_the_global_gradient_norm_of_no_gradients_is_zero_and_matches_torch():
     grads = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([[12.0]])}
     assert float(_grad_norm(grads, plain=True)) == 13.0  # sqrt(9 + 16 + 144)
     assert float(_grad_norm(grads, plain=False)) == 13.0
+
+
+def test_a_loss_that_raises_leaves_the_model_holding_its_own_tensors():
+    """The pure step swaps the state's tensors into the model's parameter and buffer slots for
+    the forward pass; when the loss raises, every slot gets its own tensor back (and the next
+    call runs normally)."""
+    model = SmallNet()
+    own = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    opt = optim.sgd(0.1)
+    calls = []
+
+    def flaky_loss(model, batch):
+        calls.append(1)
+        if len(calls) == 1:
+            model(batch[0])  # the swapped-in tensors are in use when it raises
+            raise RuntimeError("bad batch")
+        return ce_loss(model, batch)
+
+    step = functrain.make_step(model, flaky_loss, opt)
+    state = tree_clone(functrain.init(model, opt, seed=0))  # not the model's own tensors
+    with pytest.raises(RuntimeError, match="bad batch"):
+        step(state, make_data(1)[0])
+    now = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    assert all(now[k] is own[k] for k in own)
+    assert isinstance(model.fc.weight, torch.nn.Parameter)
+    new_state, _ = step(state, make_data(1)[0])
+    assert not tree_allclose(new_state.params, state.params)
+    assert model.fc.weight is own["fc.weight"] and model.bn.running_mean is own["bn.running_mean"]

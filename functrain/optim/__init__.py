@@ -25,7 +25,7 @@ from .adam import (
 )
 from .base import EmptyState, Transform, apply_updates, chain, global_norm, identity
 from .clipping import adaptive_grad_clip, clip_by_global_norm, clip_by_value, unitwise_norm
-from .fused import FusedPlan, fused_plan, fused_update, why_not_fused
+from .fused import FusedCache, FusedPlan, fused_plan, fused_update, why_not_fused
 from .hyperparams import InjectHyperparamsState, current_lr, inject_hyperparams
 from .lion import ScaleByLionState, lion, scale_by_lion
 from .masking import MaskedState, masked, no_decay_mask
@@ -53,6 +53,7 @@ __all__ = [
     "current_lr",
     "global_norm",
     # the fused executor
+    "FusedCache",
     "FusedPlan",
     "fused_plan",
     "fused_update",

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import sys
 import weakref
 from collections.abc import Sequence
@@ -36,30 +37,24 @@ import torch
 __all__ = ["BufferPool"]
 
 
-def _storage_uses(tensor: torch.Tensor) -> tuple[int, int]:
-    """(C++ references to the storage, Python references to its storage object)."""
-    storage = tensor.untyped_storage()
-    return torch._C._storage_Use_Count(storage._cdata), sys.getrefcount(storage)
-
-
 def _counts(pool: list, index: int) -> tuple[int, int, int, int, int]:
-    """Every reference count of `pool[index]`, as seen from inside this function."""
+    """Every reference count of `pool[index]`, as seen from inside this function: the Python
+    object's references and weak references, the C++ tensor's references, its storage's C++
+    references and the Python references of a storage object made for the count."""
     tensor = pool[index]
+    storage = tensor.untyped_storage()
     return (
         sys.getrefcount(tensor),
         weakref.getweakrefcount(tensor),
         tensor._use_count(),
-        *_storage_uses(tensor),
+        torch._C._storage_Use_Count(storage._cdata),
+        sys.getrefcount(storage),
     )
 
 
 # What an otherwise unreferenced tensor in a pool list shows (measured, so it holds on any
 # Python version): only the pool's own references.
 _UNREFERENCED = _counts([torch.empty(1)], 0)
-
-
-def _unreferenced(pool: list, index: int) -> bool:
-    return _counts(pool, index) == _UNREFERENCED
 
 
 def _fits(buffer: torch.Tensor, like: torch.Tensor) -> bool:
@@ -81,6 +76,10 @@ class BufferPool:
 
     def __init__(self) -> None:
         self._retired: list[torch.Tensor] = []
+        # What the last call returned. When a call is given exactly these tensors back (the
+        # loop `state = step(state, batch)`), each retired buffer fits by construction: the
+        # output in slot i was made to fit the input in slot i, which is retired[i] now.
+        self._given: list[torch.Tensor] = []
 
     def private_copies(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Copies of `tensors` (same values, shapes, strides, dtypes, requires_grad) that share
@@ -96,16 +95,21 @@ class BufferPool:
         """
         # The state has the same structure every step, so the buffer for slot i is the tensor
         # that held slot i of the previous call's input.
-        retired, self._retired = self._retired, list(tensors)
+        tensors = list(tensors)
+        fed_back = len(tensors) == len(self._given) and all(map(operator.is_, tensors, self._given))
+        retired, self._retired, self._given = self._retired, tensors, []
         out, plain_out, plain_in = [], [], []
         for index, tensor in enumerate(tensors):
             if type(tensor) is not torch.Tensor:  # DTensors and subclasses: a fresh clone
                 out.append(tensor.detach().clone().requires_grad_(tensor.requires_grad))
                 continue
             buffer = None
-            # No local name may hold the candidate while its references are counted.
-            if index < len(retired) and _fits(retired[index], tensor):
-                if _unreferenced(retired, index):
+            # No local name may hold the candidate while its references are counted. A shape
+            # check stays on the fed-back path: `resize_` is the one in-place change of layout.
+            if index < len(retired) and (
+                retired[index].shape == tensor.shape if fed_back else _fits(retired[index], tensor)
+            ):
+                if _counts(retired, index) == _UNREFERENCED:
                     buffer = retired[index]
             if buffer is None:
                 buffer = torch.empty_like(tensor, memory_format=torch.preserve_format)
@@ -117,8 +121,10 @@ class BufferPool:
         if plain_out:
             with torch.no_grad():
                 torch._foreach_copy_(plain_out, plain_in)
+        self._given = list(out)
         return out
 
     def clear(self) -> None:
-        """Let go of the retired tensors (their memory returns once the caller drops them)."""
-        self._retired = []
+        """Let go of the retired and the last returned tensors (their memory returns once the
+        caller drops them)."""
+        self._retired, self._given = [], []

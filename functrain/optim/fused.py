@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,7 +65,7 @@ from .spec import (
     WeightDecaySpec,
 )
 
-__all__ = ["FusedPlan", "NotFusable", "fused_plan", "fused_update", "why_not_fused"]
+__all__ = ["FusedCache", "FusedPlan", "NotFusable", "fused_plan", "fused_update", "why_not_fused"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -293,7 +294,14 @@ def _moment_trees(recipe: _Recipe) -> list[Any]:
 # -- planning and running ------------------------------------------------------------------------
 
 
-def _prepare(transform: Any, grads: Any, state: Any, params: Any, extra: Mapping[str, Any]):
+def _prepare(
+    transform: Any,
+    grads: Any,
+    state: Any,
+    params: Any,
+    extra: Mapping[str, Any],
+    cache: FusedCache | None = None,
+):
     """Everything decided before a tensor is touched: `(recipe, groups, rebuild, names)`."""
     spec = getattr(transform, "spec", None)
     if not isinstance(grads, Mapping) or not isinstance(params, Mapping):
@@ -320,23 +328,15 @@ def _prepare(transform: Any, grads: Any, state: Any, params: Any, extra: Mapping
             or any(k not in tree for k in names)
         ):
             raise NotFusable("the optimizer state covers other names than the gradients")
-    decay_on = recipe.decay is not None
-    decayed = None
-    if recipe.decay is not None and recipe.decay.mask is not None:
-        decayed = _selected(recipe.decay.mask, names, params)
     trees = [grads, *moments]
-    groups: dict[tuple, list[list[torch.Tensor]]] = {}
-    for name in names:
-        tensors = _pieces([params[name], *[tree[name] for tree in trees]])
-        if tensors is None:
-            raise NotFusable(f"{name!r}: tensors of mixed kinds, dtypes or devices")
-        first = tensors[0]
-        key = (decay_on and (decayed is None or name in decayed), first.device, first.dtype)
-        columns = groups.get(key)
-        if columns is None:
-            columns = groups[key] = [[] for _ in tensors]
-        for column, tensor in zip(columns, tensors):
-            column.append(tensor)
+    # What the grouping depends on besides the tensors: whether a decay runs, and its mask.
+    decision = (recipe.decay is not None, None if recipe.decay is None else recipe.decay.mask)
+    layout = None if cache is None else cache.lookup(params, moments, names, decision)
+    if layout is None:
+        layout = _group_layout(recipe, names, params, trees)
+        if cache is not None:
+            cache.store(params, moments, names, decision, layout)
+    groups = {key: _columns(group, [params, *trees], local) for key, group, local in layout}
     if wrap is not None:
         inner_rebuild = rebuild
 
@@ -344,6 +344,90 @@ def _prepare(transform: Any, grads: Any, state: Any, params: Any, extra: Mapping
             return wrap(inner_rebuild(new))
 
     return recipe, groups, rebuild, names
+
+
+def _group_layout(recipe: _Recipe, names: list[str], params: Mapping, trees: list) -> list:
+    """`[(group key, names, DTensor pieces)]`: which kernel call updates each parameter.
+
+    Raises:
+        NotFusable: a parameter's tensors (it, its gradient, its moments) do not line up.
+    """
+    decay_on = recipe.decay is not None
+    decayed = None
+    if recipe.decay is not None and recipe.decay.mask is not None:
+        decayed = _selected(recipe.decay.mask, names, params)
+    groups: dict[tuple, tuple[list[str], bool]] = {}
+    for name in names:
+        tensors = [params[name], *[tree[name] for tree in trees]]
+        pieces = _pieces(tensors)
+        if pieces is None:
+            raise NotFusable(f"{name!r}: tensors of mixed kinds, dtypes or devices")
+        first = pieces[0]
+        key = (decay_on and (decayed is None or name in decayed), first.device, first.dtype)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ([], pieces[0] is not tensors[0])
+        group[0].append(name)
+    return [(key, group, local) for key, (group, local) in groups.items()]
+
+
+def _columns(names: list[str], trees: list, local: bool) -> list[list[torch.Tensor]]:
+    """The kernel's tensor lists for one group: a column per tree (params, grads, moments)."""
+    if local:
+        return [[_local(tree[name]) for name in names] for tree in trees]
+    return [[tree[name] for name in names] for tree in trees]
+
+
+class FusedCache:
+    """What `fused_update` decided about a set of tensors, kept for the next calls on them.
+
+    The grouping of parameters into kernel calls (and a decay mask's selection) depends on the
+    parameters and moments, not on their values, so a step that updates the same tensors in
+    place every call (a donating step) decides it once. An entry is found by the identity of
+    those tensors through weak references: it keeps nothing alive, and a tensor that died
+    cannot be mistaken for a new one. A performance cache: results never depend on it.
+
+    Not for a pure step's private buffers: `functrain.optim.buffers` recycles a buffer only
+    when nothing, a weak reference included, refers to it.
+
+    Example:
+        >>> cache = FusedCache()
+        >>> state = fused_update(opt, grads, state, params, cache=cache)   # decides, stores
+        >>> state = fused_update(opt, grads, state, params, cache=cache)   # reuses
+    """
+
+    def __init__(self) -> None:
+        self._entry: tuple | None = None  # (names, decision, weak references, layout)
+
+    def lookup(
+        self, params: Mapping, moments: list, names: list[str], decision: tuple
+    ) -> list | None:
+        """The stored layout for exactly these tensors, names and `(decays, mask)`, or None."""
+        entry = self._entry
+        if entry is None:
+            return None
+        known_names, (decays, mask), refs, layout = entry
+        if known_names != tuple(names) or decays != decision[0] or mask is not decision[1]:
+            return None
+        tensors = _tensors(params, moments, names)
+        if len(refs) != len(tensors) or not all(r() is t for r, t in zip(refs, tensors)):
+            return None
+        return layout
+
+    def store(
+        self, params: Mapping, moments: list, names: list[str], decision: tuple, layout: list
+    ) -> None:
+        """Remember `layout` for these tensors (in place of what was stored)."""
+        refs = [weakref.ref(t) for t in _tensors(params, moments, names)]
+        self._entry = (tuple(names), decision, refs, layout)
+
+    def clear(self) -> None:
+        """Forget what is stored."""
+        self._entry = None
+
+
+def _tensors(params: Mapping, moments: list, names: list[str]) -> list:
+    return [params[k] for k in names] + [tree[k] for tree in moments for k in names]
 
 
 def why_not_fused(transform: Any, params: Mapping[str, torch.Tensor]) -> str | None:
@@ -408,7 +492,16 @@ def _describe(recipe: _Recipe, groups: dict, tensors: int) -> FusedPlan:
     )
 
 
-def fused_update(transform: Any, grads: Any, state: Any, params: Any, **extra: Any) -> Any:
+def fused_update(
+    transform: Any,
+    grads: Any,
+    state: Any,
+    params: Any,
+    *,
+    norm: torch.Tensor | None = None,
+    cache: FusedCache | None = None,
+    **extra: Any,
+) -> Any:
     """Run `transform`'s update with fused kernels, in place; None when it has no fused form.
 
     Gives the result of `update` + `apply_updates` up to float rounding. The parameters, the
@@ -419,6 +512,9 @@ def fused_update(transform: Any, grads: Any, state: Any, params: Any, **extra: A
         grads: `{name: tensor}`.
         state: its state (from `transform.init`).
         params: `{name: tensor}` covering the gradients' names; updated in place.
+        norm: the global norm of `grads`, when the caller has it already (the step's
+            `grad_norm` metric): a global-norm clip then does not take it again.
+        cache: a `FusedCache` that keeps the parameter grouping between calls (optional).
         **extra: as for `update` (`time=` a Timestamp for schedules).
     Returns:
         the new state (same structure as `update`'s), or None.
@@ -426,9 +522,11 @@ def fused_update(transform: Any, grads: Any, state: Any, params: Any, **extra: A
         >>> state = fused_update(adamw(1e-3), grads, state, params)
     """
     try:
-        recipe, groups, rebuild, names = _prepare(transform, grads, state, params, extra)
+        recipe, groups, rebuild, names = _prepare(transform, grads, state, params, extra, cache)
     except NotFusable:
         return None
     # The clip's norm is over what the transform sees (a masked optimizer: its names only).
-    new_leaf_states = run_recipe(recipe, groups, [grads[k] for k in names], extra)
+    if norm is not None and len(names) != len(grads):
+        norm = None
+    new_leaf_states = run_recipe(recipe, groups, [grads[k] for k in names], extra, norm)
     return rebuild(new_leaf_states)

@@ -32,8 +32,17 @@ from .sgd import TraceState
 from .spec import AdamSpec, DecoupledWeightDecaySpec, LionSpec, MomentumSpec, ScaleSpec
 
 
-def run_recipe(recipe: Any, groups: dict, grads: list[Any], extra: Mapping[str, Any]) -> list:
-    """Evaluate this step's hyperparameters, run the kernels, and advance every leaf's state."""
+def run_recipe(
+    recipe: Any,
+    groups: dict,
+    grads: list[Any],
+    extra: Mapping[str, Any],
+    norm: torch.Tensor | None = None,
+) -> list:
+    """Evaluate this step's hyperparameters, run the kernels, and advance every leaf's state.
+
+    `norm` is `grads`' global norm when the caller has it (else a clip takes it here).
+    """
 
     multiplier, new_states = 1.0, {}
     for leaf in recipe.scales:
@@ -55,11 +64,18 @@ def run_recipe(recipe: Any, groups: dict, grads: list[Any], extra: Mapping[str, 
     if recipe.clip is not None:
         new_states[id(recipe.clip)] = recipe.clip.state
         max_norm = recipe.clip.spec.max_norm
-        norm = global_norm(grads)
+        if norm is None:
+            norm = global_norm(grads)
         # The kernels divide by grad_scale: max(norm, max_norm) / max_norm is exactly 1.0 below
         # the threshold, as clip_by_global_norm's factor is.
-        grad_scale = torch.clamp(norm, min=max_norm) / max_norm
-        clip_factor = torch.full_like(norm, max_norm) / torch.clamp(norm, min=max_norm)
+        clamped = torch.clamp(norm, min=max_norm)
+        grad_scale = clamped / max_norm
+        if (
+            recipe.core is not None
+            and isinstance(recipe.core.spec, LionSpec)
+            or any(dtype == torch.float64 for _, _, dtype in groups)
+        ):  # the factor itself is needed only where no kernel takes a gradient scale
+            clip_factor = torch.full_like(norm, max_norm) / clamped
     lr = -multiplier  # the kernels descend: param -= lr * direction
     decay = recipe.decay
     wd, decoupled = 0.0, 0.0

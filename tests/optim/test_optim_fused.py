@@ -4,6 +4,7 @@ the kernels that run), and gives the reference foreach path's results (hypothesi
 from __future__ import annotations
 
 import collections
+import weakref
 
 import pytest
 import torch
@@ -243,3 +244,101 @@ def test_clipped_lion_in_float64_is_clipped_once(random_tree, dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     assert tree_allclose(fused_state, ref_state, atol=tol, rtol=tol)
     assert tree_allclose(fused_params, ref_params, atol=tol, rtol=tol)
+
+
+@settings(max_examples=40, deadline=None)
+@given(opt=compositions(), seed=st.integers(0, 2**31 - 1), give_norm=st.booleans())
+def test_a_cache_and_a_given_norm_change_nothing(random_tree, opt, seed, give_norm):
+    """The donating step's fast path: the grouping kept in a `FusedCache` between calls on the
+    same tensors, and the step's own gradient norm handed to a folded clip."""
+    params = random_tree(seed)
+    ref_params, ref_state = tree_clone(params), opt.init(params)
+    fast_params, fast_state = tree_clone(params), opt.init(params)
+    cache = optim.FusedCache()
+    for i in range(4):
+        grads = {k: 3 * v for k, v in random_tree(seed + i + 1).items()}
+        time = Timestamp(batch=i)
+        ref_state = optim.fused_update(opt, tree_clone(grads), ref_state, ref_params, time=time)
+        norm = optim.global_norm(grads) if give_norm else None
+        fast_state = optim.fused_update(
+            opt, tree_clone(grads), fast_state, fast_params, norm=norm, cache=cache, time=time
+        )
+    assert tree_allclose(fast_params, ref_params, atol=1e-6, rtol=1e-6)
+    assert tree_allclose(fast_state, ref_state, atol=1e-6, rtol=1e-6)
+
+
+def test_the_cache_regroups_when_a_weight_decay_switches_on():
+    """An injected weight decay of 0 is no decay at all (no group with decay); when it becomes
+    0.5 the same tensors need a decayed group, so a cached grouping must not be reused."""
+    decay = lambda count: 0.0 if count < 2 else 0.5  # noqa: E731 - a schedule by update count
+    opt = optim.inject_hyperparams(optim.adamw)(lr=1e-2, weight_decay=decay)
+    params = {"w": torch.ones(3), "b": torch.ones(2)}
+    cached, uncached = tree_clone(params), tree_clone(params)
+    cached_state, uncached_state = opt.init(params), opt.init(params)
+    cache = optim.FusedCache()
+    for _ in range(4):
+        grads = {"w": torch.full((3,), 0.1), "b": torch.full((2,), 0.1)}
+        cached_state = optim.fused_update(opt, tree_clone(grads), cached_state, cached, cache=cache)
+        uncached_state = optim.fused_update(opt, tree_clone(grads), uncached_state, uncached)
+    # the decay moved the params by lr * wd * w on the last two updates: visible at 1e-3
+    assert not torch.allclose(uncached["w"], params["w"] - 4 * 1e-2, atol=1e-4)
+    assert tree_allclose(cached, uncached, atol=1e-7, rtol=0)
+
+
+def test_the_cache_misses_on_other_tensors_and_keeps_none_alive():
+    opt = optim.adamw(1e-2, weight_decay=0.1, weight_decay_mask=optim.no_decay_mask)
+    params = {"w": torch.ones(3, 2), "b": torch.ones(2)}
+    state, cache = opt.init(params), optim.FusedCache()
+    grads = {"w": torch.ones(3, 2), "b": torch.ones(2)}
+    state = optim.fused_update(opt, tree_clone(grads), state, params, cache=cache)
+    moments = [state[0].mu, state[0].nu]
+    decision = (True, optim.no_decay_mask)
+    assert cache.lookup(params, moments, ["w", "b"], decision) is not None
+    other = {"w": params["w"].double(), "b": params["b"].double()}  # equal names, new tensors
+    assert cache.lookup(other, moments, ["w", "b"], decision) is None
+    assert cache.lookup(params, moments, ["w", "b"], (True, None)) is None  # another mask
+    w = params.pop("w")
+    ref = weakref.ref(w)
+    del w
+    assert ref() is None  # the cache held only a weak reference
+
+
+def test_a_given_norm_is_ignored_when_a_masked_optimizer_sees_fewer_gradients():
+    """The clip inside `masked` clips by the norm of the selected gradients only; the step's norm
+    is of all of them, so it must not be used there."""
+    opt = optim.masked(
+        optim.chain(optim.clip_by_global_norm(1.0), optim.sgd(1.0)),
+        lambda p: {"a": True, "b": False},
+    )
+    params = {"a": torch.zeros(1), "b": torch.zeros(1)}
+    grads = {"a": torch.tensor([3.0]), "b": torch.tensor([4.0])}  # norm of all: 5; of "a": 3
+    optim.fused_update(opt, grads, opt.init(params), params, norm=torch.tensor(5.0))
+    assert params["a"].item() == pytest.approx(-1.0)  # clipped from 3 to 1, not to 3/5
+    assert params["b"].item() == 0.0
+
+
+def test_the_step_does_not_hand_its_norm_over_when_an_algorithm_changed_the_gradients():
+    """The norm metric is of the gradients before `transform_grads`; a clip after an algorithm
+    that scales them must clip by the norm of what it receives (computed here by hand)."""
+    from functrain.pieces import Algorithm
+
+    def times_ten(pieces):
+        return pieces._replace(transform_grads=lambda g, s: {k: 10 * v for k, v in g.items()})
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -1.0]]))
+    opt = optim.chain(optim.clip_by_global_norm(1.0), optim.sgd(0.1))
+    step = functrain.compose(
+        functrain.make_step(model, lambda m, b: m(b).sum(), opt, donate=True),
+        Algorithm("times_ten", times_ten),
+    )
+    state = functrain.init(model, opt, seed=0)
+    x = torch.tensor([[0.03, 0.04]])  # gradient (0.03, 0.04): norm 0.05; times ten: 0.5
+    state, metrics = step(state, x)
+    assert metrics["grad_norm"].item() == pytest.approx(0.05)
+    # below the threshold either way: sgd moves by 0.1 * (0.3, 0.4), unclipped
+    assert torch.allclose(state.params["weight"], torch.tensor([[0.97, -1.04]]))
+    state, _ = step(state, 100 * x)  # gradient norm 5 (50 after scaling): clipped to 1
+    expected = torch.tensor([[0.97, -1.04]]) - 0.1 * torch.tensor([[0.6, 0.8]])
+    assert torch.allclose(state.params["weight"], expected, atol=1e-6)

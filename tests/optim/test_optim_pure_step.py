@@ -139,3 +139,17 @@ def test_buffer_pool_reuses_dropped_buffers_and_copies_exactly():
     fourth = pool.private_copies(third)  # `second` was dropped: its buffers come back
     assert {t.data_ptr() for t in fourth} == addresses
     assert all(torch.equal(a, b) for a, b in zip(fourth, third))
+
+
+def test_buffer_pool_never_writes_into_a_dropped_tensor_that_was_resized():
+    """A tensor fed back (the loop `state = step(state, batch)`) is known to fit its slot's
+    retired buffer, except after an in-place `resize_` by its holder: the copies still have the
+    inputs' shapes and values."""
+    pool = BufferPool()
+    first = pool.private_copies([torch.arange(6.0), torch.ones(2, 2)])
+    second = pool.private_copies(first)
+    first[0].resize_(2)  # the caller changes a tensor it is about to drop
+    del first
+    third = pool.private_copies(second)
+    assert [t.shape for t in third] == [torch.Size([6]), torch.Size([2, 2])]
+    assert torch.equal(third[0], torch.arange(6.0)) and torch.equal(third[1], torch.ones(2, 2))
