@@ -153,7 +153,7 @@ def make_runner(name: str, args, mesh) -> Runner:
             "functrain_local": "local",
             "functrain_ddp": "ddp",
             "functrain_fsdp": "fsdp",
-            "functrain_fsdp_reshard": fdist.plans.fsdp(reshard_after_forward=True),
+            "functrain_fsdp_reshard": fdist.fsdp(reshard_after_forward=True),
         }[name]
         state = functrain.init(model, opt, seed=0, mesh=None if local else mesh, plan=plan)
         holder = {"state": state}
@@ -302,6 +302,10 @@ def peak_rss(build, *, steps: int) -> dict:
 
 def worker(args) -> None:
     """Measure every variant on this rank; rank 0 writes the JSON."""
+    # DTensor first, so that no variant's peak memory counts its import (functrain's plans
+    # import it lazily, on first use).
+    import torch.distributed.tensor  # noqa: F401
+
     from functrain import parallel as fdist
 
     rank, world = fdist.init_distributed()
@@ -317,6 +321,9 @@ def worker(args) -> None:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t)
 
+    # One throwaway run first: what a process builds once (imports, gloo's and the allocator's
+    # first buffers) would otherwise be charged to whichever variant happens to come first.
+    peak_rss(lambda: make_runner(VARIANTS[0], args, mesh), steps=4)
     for name in VARIANTS:
         memory = peak_rss(lambda name=name: make_runner(name, args, mesh), steps=4)
         runner = make_runner(name, args, mesh)

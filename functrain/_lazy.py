@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -74,7 +75,11 @@ def lazy_exports(
 
     def __getattr__(name: str) -> Any:
         submodule = names.get(name)
-        if submodule is None:  # AttributeError lets `from package import submodule` go on
+        if submodule is None:
+            # A submodule read as an attribute (`functrain.parallel.plans.fsdp`), as it could be
+            # when the package imported it eagerly: import it now. Anything else is unknown.
+            if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}"):
+                return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(submodule, package), name)
         setattr(sys.modules[package], name, value)  # bound as an import binds it: looked up once

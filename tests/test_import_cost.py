@@ -165,3 +165,28 @@ def test_lazy_exports_binds_on_first_read_and_rejects_unknown_names(monkeypatch)
     assert vars(package)["VALUE"] is child.VALUE  # bound: the next read skips __getattr__
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         getattr_("nope")
+
+
+def test_a_lazily_imported_submodule_reads_as_an_attribute():
+    """`functrain.parallel.plans.fsdp(...)` worked when the package imported `plans` eagerly;
+    it still does, importing the submodule (and DTensor) on that read only."""
+    out = run_fresh(
+        """
+        import functrain.parallel as parallel
+        before = "torch.distributed.tensor" in sys.modules
+        plan = parallel.plans.fsdp(reshard_after_forward=True)
+        from functrain import checkpoint
+        print(json.dumps({
+            "before": before,
+            "reshard": plan.reshard_after_forward,
+            "reader": checkpoint.reader.__name__,
+            "unknown": hasattr(parallel, "no_such_module"),
+        }))
+        """
+    )
+    assert out == {
+        "before": False,
+        "reshard": True,
+        "reader": "functrain.checkpoint.reader",
+        "unknown": False,
+    }
