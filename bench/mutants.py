@@ -330,8 +330,10 @@ def mutate(
     results = _results(db) if only != set() else []
     for r in results:
         r["timed_out"] = (r.pop("output") or "").strip() == "timeout"
+        r["tests"] = tests  # what judged it (a rerun's selection may differ from the first's)
     seconds = round(time.perf_counter() - start, 1)
     if previous is not None:
+        _check_rerun(module, only, results)
         for r in results:
             r["rerun"] = "after tests were added"
         redone = {(r["line"], _change(r["diff"])) for r in results}
@@ -346,6 +348,24 @@ def mutate(
         "annotation_mutants_skipped": annotations, "baseline_seconds": round(baseline_s, 1),
         "timeout_seconds": round(timeout, 1), "seconds": seconds,
     })  # fmt: skip
+
+
+def _check_rerun(module: str, only: set, results: list[dict]) -> None:
+    """Raise unless every recorded survivor in `only` was found again and run.
+
+    A survivor not found again would keep its old verdict, reported under the new test
+    selection: how `optim/base.py:204` and `:213` were once listed as surviving a 2-rank test
+    they had never run against (their first run's selection had no such test, and the
+    `--survivors` rerun silently matched nothing).
+    """
+    lost = only - {(r["line"], _change(r["diff"])) for r in results}
+    if lost:
+        listed = "; ".join(f"line {line}: {' / '.join(change)}" for line, change in sorted(lost))
+        raise RuntimeError(
+            f"--survivors: {len(lost)} recorded survivor(s) of {module} were not found again "
+            f"in its source ({listed}); the module changed since they were recorded: measure "
+            "it anew, without --survivors"
+        )
 
 
 def summarize(module: str, tests: list[str], results: list[dict], meta: dict) -> dict:
