@@ -65,11 +65,16 @@ CATALOGUE = {
     "functrain/data.py": ["tests/test_data.py"],
     "functrain/pieces.py": ["tests/test_step.py"],
     "functrain/step.py": ["tests/test_step.py"],
+    "functrain/step_grads.py": ["tests/test_step.py"],
+    "functrain/step_plan.py": ["tests/test_step.py"],
     "functrain/checkpoint/writer.py": ["tests/checkpoint/test_checkpoint_writer.py",
                                        "tests/checkpoint/test_checkpoint_commit_phases.py"],
     "functrain/checkpoint/reader.py": ["tests/checkpoint/test_checkpoint_reader.py"],
-    "functrain/parallel/compute.py": ["tests/parallel/test_parallel_compute.py"],
-    "functrain/parallel/plans.py": ["tests/parallel/test_parallel_plans.py"],
+    # one spawned pair of ranks (~6 s) for what only several ranks show (broadcast, metric mean)
+    "functrain/parallel/compute.py": ["tests/parallel/test_parallel_compute.py",
+                                      "tests/parallel/test_parallel_two_ranks.py"],
+    "functrain/parallel/plans.py": ["tests/parallel/test_parallel_plans.py",
+                                    "tests/parallel/test_parallel_two_ranks.py"],
 }  # fmt: skip
 
 

@@ -40,6 +40,15 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "first run drew `> 2`): it also all-reduces over mesh dimensions of size 1, a sum over "
         "one rank, which returns the value unchanged"
     ),
+    ("functrain/step.py", 267, "core/ReplaceAndWithOr"): (
+        "`guarded and donate or state.buffers` also clones the buffers of unguarded or "
+        "non-donating steps; the clone is read only when a guarded step skips, and a "
+        "non-donating step never writes its input's buffers (test_pure_step_leaves_input_state_"
+        "unchanged), so the copy back writes the values already there: a cost, not a behaviour"
+    ),
+    ("functrain/step.py", 339, "core/ReplaceComparisonOperator_Eq_Is"): (
+        "torch dtypes are singletons: `norms[0].dtype is torch.float64` is `== torch.float64`"
+    ),
 }
 
 

@@ -415,3 +415,62 @@ def test_the_global_gradient_norm_of_no_gradients_is_zero_and_matches_torch():
     grads = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([[12.0]])}
     assert float(_grad_norm(grads, plain=True)) == 13.0  # sqrt(9 + 16 + 144)
     assert float(_grad_norm(grads, plain=False)) == 13.0
+
+
+def test_compose_refuses_what_is_not_an_algorithm():
+    model = torch.nn.Linear(2, 1)
+    step = functrain.make_step(model, lambda m, b: m(b).mean(), optim.sgd(lr=0.1))
+    with pytest.raises(TypeError, match="Algorithm objects, got function"):
+        functrain.compose(step, lambda pieces: pieces)
+
+
+def test_donated_is_the_same_step_allowed_to_donate():
+    model = torch.nn.Linear(2, 1)
+    step = functrain.make_step(model, lambda m, b: m(b).mean(), optim.sgd(lr=0.1))
+    assert not step.config.donate
+    donating = step.donated()
+    assert donating is not step and donating.config.donate
+    assert donating.donated() is donating  # already donating: nothing to change
+
+
+def _oom_over(limit):
+    """A mean-squared loss that raises CUDA's out-of-memory error on more than `limit` samples
+    (how a too-large microbatch fails on a GPU), and records each microbatch's size."""
+    sizes = []
+
+    def loss(model, batch):
+        x, y = batch
+        sizes.append(len(x))
+        assert len(sizes) < 50, "out-of-memory retried without end"
+        if len(x) > limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return F.mse_loss(model(x), y)
+
+    return loss, sizes
+
+
+def test_auto_microbatch_halves_on_cuda_out_of_memory_until_it_fits():
+    # The halving runs only on CUDA: the step is told it is on one (its device type), and the
+    # loss fails like a GPU would above 2 samples. Expected: plain SGD on the whole batch.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    w, b = model.weight.detach().clone(), model.bias.detach().clone()
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 3, generator=gen), torch.randn(8, 2, generator=gen)
+    wr, br = w.clone().requires_grad_(), b.clone().requires_grad_()
+    gw, gb = torch.autograd.grad(F.mse_loss(x @ wr.T + br, y), [wr, br])
+    loss, sizes = _oom_over(2)
+    opt = optim.sgd(lr=0.5)
+    step = functrain.make_step(model, loss, opt, microbatch_size="auto")
+    step._device_type = "cuda"
+    state, _ = step(functrain.init(model, opt, seed=0), (x, y))
+    assert sizes == [8, 4, 2, 2, 2, 2]  # 8 and 4 fail; then four microbatches of 2
+    torch.testing.assert_close(state.params["weight"], w - 0.5 * gw)
+    torch.testing.assert_close(state.params["bias"], b - 0.5 * gb)
+    # nothing fits, not even one sample: the error is raised, not retried forever
+    loss, sizes = _oom_over(0)
+    step = functrain.make_step(model, loss, opt, microbatch_size="auto")
+    step._device_type = "cuda"
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        step(functrain.init(model, opt, seed=0), (x, y))
+    assert sizes == [8, 4, 2, 1]
