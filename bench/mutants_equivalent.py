@@ -49,6 +49,14 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     ("functrain/step.py", 339, "core/ReplaceComparisonOperator_Eq_Is"): (
         "torch dtypes are singletons: `norms[0].dtype is torch.float64` is `== torch.float64`"
     ),
+    ("functrain/schedules/base.py", 176, "core/ReplaceComparisonOperator_Is_Eq"): (
+        "`value.unit` is a TimeUnit (Time coerces it) and enum members are singletons: `==` is `is`"
+    ),
+    ("functrain/optim/lion.py", 59, "core/ReplaceTrueWithFalse"): (
+        "the sign is taken in place on the lerp's result, a fresh list of temporaries "
+        '(`fe("lerp", ...)` without inplace returns new tensors): out of place gives the same '
+        "values in one more allocation"
+    ),
 }
 
 
