@@ -57,6 +57,13 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         '(`fe("lerp", ...)` without inplace returns new tensors): out of place gives the same '
         "values in one more allocation"
     ),
+    ("functrain/step_grads.py", 218, "core/ReplaceComparisonOperator_Is_Eq"): (
+        "torch dtypes are singletons: `total_loss.dtype == torch.float32` is `is torch.float32`"
+    ),
+    ("functrain/step_plan.py", 101, "core/NumberReplacer"): (
+        "`_plain` checks that all tensors share one dtype and device; comparing each with the "
+        "last instead of the first gives the same answer (equal to one member iff all equal)"
+    ),
 }
 
 

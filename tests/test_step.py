@@ -118,7 +118,7 @@ def test_microbatching_matches_full_batch(microbatch):
     assert metrics["samples"] == 16
 
 
-@pytest.mark.parametrize("microbatch", [5, 3, 7])  # 16 samples: 5+5+5+1, 3*5+1, 7+7+2
+@pytest.mark.parametrize("microbatch", [5, 3, 7, 10])  # 16: 5+5+5+1, 3*5+1, 7+7+2, 10+6
 def test_reported_loss_under_uneven_microbatches_is_the_full_batch_mean(microbatch):
     """The step's `loss` metric is the mean over all samples, whatever the split: a small last
     microbatch weighs by its size (an unweighted mean of microbatch losses would differ)."""
@@ -474,3 +474,44 @@ def test_auto_microbatch_halves_on_cuda_out_of_memory_until_it_fits():
     with pytest.raises(torch.cuda.OutOfMemoryError):
         step(functrain.init(model, opt, seed=0), (x, y))
     assert sizes == [8, 4, 2, 1]
+
+
+def test_a_donating_step_from_init_compares_storage_once_then_only_identity(monkeypatch):
+    from functrain.step_grads import GradsPiece
+
+    calls = []
+    compare = GradsPiece.state_is_model
+    monkeypatch.setattr(
+        GradsPiece, "state_is_model", lambda self, state: calls.append(1) or compare(self, state)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = optim.sgd(lr=0.5)
+    step = functrain.make_step(model, lambda m, b: m(b).square().mean(), opt, donate=True)
+    state = functrain.init(model, opt, seed=0)  # the model's own tensors: the step runs in place
+    for _ in range(3):
+        state, _ = step(state, torch.ones(4, 3))
+    assert len(calls) == 1  # later calls see the same tensor objects: no storage comparison
+    # another state with the same names but its own tensors is not the model's: it trains
+    # from its own values (plain SGD by hand), not from the model's
+    w, b = torch.full((2, 3), 0.25), torch.tensor([1.0, -1.0])
+    other = state.replace(params={"weight": w.clone(), "bias": b.clone()})
+    wr, br = w.clone().requires_grad_(), b.clone().requires_grad_()
+    gw, gb = torch.autograd.grad((torch.ones(4, 3) @ wr.T + br).square().mean(), [wr, br])
+    other, _ = step(other, torch.ones(4, 3))
+    torch.testing.assert_close(other.params["weight"], w - 0.5 * gw)
+    torch.testing.assert_close(other.params["bias"], b - 0.5 * gb)
+
+
+def test_forward_seeds_differ_for_every_rank_and_microbatch():
+    # dropout masks: no two (rank, microbatch) pairs of a step may share the global seed
+    model = torch.nn.Linear(2, 2)
+    opt = optim.sgd(lr=0.1)
+    step = functrain.make_step(model, lambda m, b: m(b).mean(), opt)
+    state = functrain.init(model, opt, seed=0)
+    draws = set()
+    for rank in range(3):
+        for index in range(3):
+            with step._grads_piece._forward_rng(state, rank, index):
+                draws.add(float(torch.rand(())))
+    assert len(draws) == 9
