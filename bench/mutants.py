@@ -68,7 +68,8 @@ CATALOGUE = {
     "functrain/step_grads.py": ["tests/test_step.py"],
     "functrain/step_plan.py": ["tests/test_step_plan.py", "tests/test_step.py"],
     "functrain/checkpoint/writer.py": ["tests/checkpoint/test_checkpoint_writer.py",
-                                       "tests/checkpoint/test_checkpoint_commit_phases.py"],
+                                       "tests/checkpoint/test_checkpoint_commit_phases.py",
+                                       "tests/parallel/test_parallel_two_ranks.py"],
     "functrain/checkpoint/reader.py": ["tests/checkpoint/test_checkpoint_reader.py"],
     # one spawned pair of ranks (~6 s) for what only several ranks show (broadcast, metric mean)
     "functrain/parallel/compute.py": ["tests/parallel/test_parallel_compute.py",

@@ -64,6 +64,10 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`_plain` checks that all tensors share one dtype and device; comparing each with the "
         "last instead of the first gives the same answer (equal to one member iff all equal)"
     ),
+    ("functrain/optim/sgd.py", 64, "core/ReplaceComparisonOperator_Eq_LtE"): (
+        "`count <= 0` for `count == 0`: the count starts at 0 (init) and each update adds one; "
+        "no transform produces a negative count (only a hand-made, invalid state could hold one)"
+    ),
 }
 
 

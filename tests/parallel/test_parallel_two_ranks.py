@@ -1,4 +1,5 @@
-"""shard_params and the data-parallel metric mean on 2 real ranks (gloo, spawned, one pair).
+"""What only several ranks show, on 2 real ranks (gloo, spawned, one pair for all): shard_params,
+the data-parallel metric mean, and the checkpoint writer's small collectives.
 
 - Every rank ends with rank 0's values, each holding its own rows of an FSDP-sharded
   parameter: each rank builds the model from a different seed, so only the broadcast from
@@ -7,6 +8,8 @@
 - No mesh or plan under a 2-rank world means data-parallel over both ranks.
 - `mean_over_data_parallel` averages the float leaves of a metrics tree over the ranks (the
   mean of the ranks' values, written out) and passes the others through unchanged.
+- The writer's collectives: `agree` is True only when every rank is, `max_over_ranks` is the
+  largest value, `share_text` gives every rank rank 0's text exactly (or None).
 
 The one-process paths are in test_parallel_plans.py and test_parallel_compute.py; the whole
 training matrix on several ranks is test_parallel_multirank.py (minutes).
@@ -76,6 +79,18 @@ def _check_metric_mean(rank, layout):
     assert compute.mean_over_data_parallel(ints, layout) is ints
 
 
+def _check_writer_collectives(rank):
+    from functrain.checkpoint import writer
+
+    assert writer.agree(True) is True
+    assert writer.agree(rank == 0) is False  # rank 1 failed: every rank hears it
+    assert writer.max_over_ranks(3 + 4 * rank) == 7
+    text = "step 12: h\u00e9llo w\u00f6rld"  # multi-byte UTF-8
+    assert writer.share_text(text if rank == 0 else None) == text
+    assert writer.share_text("" if rank == 0 else None) == ""  # empty, not None
+    assert writer.share_text(None) is None
+
+
 def _worker(rank, store_file):
     from functrain import parallel as fdist
 
@@ -83,10 +98,11 @@ def _worker(rank, store_file):
     fdist.init_distributed("gloo", init_method=f"file://{store_file}", rank=rank, world_size=WORLD)
     layout = _check_shard_params(rank, fdist.init_mesh())
     _check_metric_mean(rank, layout)
+    _check_writer_collectives(rank)
 
 
 @pytest.mark.slow
-def test_two_ranks_shard_params_and_metric_mean(tmp_path):
+def test_two_ranks_shard_params_metric_mean_and_writer_collectives(tmp_path):
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     mp.spawn(_worker, args=(str(tmp_path / "store"),), nprocs=WORLD, join=True)
