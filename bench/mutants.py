@@ -376,7 +376,7 @@ def mutate(
         kept = [r for r in previous["results"] if (r["line"], _change(r["diff"])) not in redone]
         results = sorted(kept + results, key=lambda r: (r["line"], r["operator"]))
         total, annotations = previous["mutants"], previous["annotation_mutants_skipped"]
-        seconds = previous["seconds"] + seconds
+        seconds = round(previous["seconds"] + seconds, 1)
         baseline_s = previous["baseline_seconds"]
         timeout = previous["timeout_seconds"]
     return summarize(module, tests, results, {
