@@ -70,7 +70,9 @@ CATALOGUE = {
     "functrain/checkpoint/writer.py": ["tests/checkpoint/test_checkpoint_writer.py",
                                        "tests/checkpoint/test_checkpoint_commit_phases.py",
                                        "tests/parallel/test_parallel_two_ranks.py"],
-    "functrain/checkpoint/reader.py": ["tests/checkpoint/test_checkpoint_reader.py"],
+    # orbax-written checkpoints (0-d scalar arrays, OCDBT): the layout tests, ~3 s
+    "functrain/checkpoint/reader.py": ["tests/checkpoint/test_checkpoint_reader.py",
+                                       "tests/checkpoint/test_checkpoint_layout.py"],
     # one spawned pair of ranks (~6 s) for what only several ranks show (broadcast, metric mean)
     "functrain/parallel/compute.py": ["tests/parallel/test_parallel_compute.py",
                                       "tests/parallel/test_parallel_two_ranks.py"],
