@@ -446,7 +446,7 @@ def _print(summaries: list[dict]) -> None:
     print(f"{head[0]:36s}" + "".join(f"{h:>9s}" for h in head[1:]))
     for s in summaries:
         cells = (s["mutants"], s["killed"], s["killed_by_timeout"], s["survived"],
-                 s["equivalent"], _rate(s), s["seconds"])  # fmt: skip
+                 s["equivalent"], _rate(s), round(s["seconds"], 1))  # fmt: skip
         print(f"{s['module']:36s}" + "".join(f"{c!s:>9s}" for c in cells))
     for s in summaries:
         for r in s["survivors"]:
