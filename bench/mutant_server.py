@@ -47,6 +47,12 @@ def _child(tree: str, args: list[str], log: str) -> None:
     os.dup2(fd, 2)
     os.chdir(tree)
     sys.path.insert(0, tree)  # as `python -m pytest` puts the working directory first
+    # The processes a test starts must import the mutated tree too. A rank started by
+    # `mp.spawn` inherits this sys.path, but one started as a script (torchrun, `subprocess` of a
+    # worker file, `python -m functrain.launch`) builds its own from the script's folder and
+    # PYTHONPATH, and would otherwise find the unmutated functrain of an editable install.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != tree]
+    os.environ["PYTHONPATH"] = os.pathsep.join([tree, *paths])
     sys.argv = ["pytest", *args]
     try:
         import pytest

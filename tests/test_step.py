@@ -118,7 +118,7 @@ def test_microbatching_matches_full_batch(microbatch):
     assert metrics["samples"] == 16
 
 
-@pytest.mark.parametrize("microbatch", [5, 3, 7])  # 16 samples: 5+5+5+1, 3*5+1, 7+7+2
+@pytest.mark.parametrize("microbatch", [5, 3, 7, 10])  # 16: 5+5+5+1, 3*5+1, 7+7+2, 10+6
 def test_reported_loss_under_uneven_microbatches_is_the_full_batch_mean(microbatch):
     """The step's `loss` metric is the mean over all samples, whatever the split: a small last
     microbatch weighs by its size (an unweighted mean of microbatch losses would differ)."""
@@ -443,3 +443,103 @@ def test_a_loss_that_raises_leaves_the_model_holding_its_own_tensors():
     new_state, _ = step(state, make_data(1)[0])
     assert not tree_allclose(new_state.params, state.params)
     assert model.fc.weight is own["fc.weight"] and model.bn.running_mean is own["bn.running_mean"]
+
+
+def test_compose_refuses_what_is_not_an_algorithm():
+    model = torch.nn.Linear(2, 1)
+    step = functrain.make_step(model, lambda m, b: m(b).mean(), optim.sgd(lr=0.1))
+    with pytest.raises(TypeError, match="Algorithm objects, got function"):
+        functrain.compose(step, lambda pieces: pieces)
+
+
+def test_donated_is_the_same_step_allowed_to_donate():
+    model = torch.nn.Linear(2, 1)
+    step = functrain.make_step(model, lambda m, b: m(b).mean(), optim.sgd(lr=0.1))
+    assert not step.config.donate
+    donating = step.donated()
+    assert donating is not step and donating.config.donate
+    assert donating.donated() is donating  # already donating: nothing to change
+
+
+def _oom_over(limit):
+    """A mean-squared loss that raises CUDA's out-of-memory error on more than `limit` samples
+    (how a too-large microbatch fails on a GPU), and records each microbatch's size."""
+    sizes = []
+
+    def loss(model, batch):
+        x, y = batch
+        sizes.append(len(x))
+        assert len(sizes) < 50, "out-of-memory retried without end"
+        if len(x) > limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return F.mse_loss(model(x), y)
+
+    return loss, sizes
+
+
+def test_auto_microbatch_halves_on_cuda_out_of_memory_until_it_fits():
+    # The halving runs only on CUDA: the step is told it is on one (its device type), and the
+    # loss fails like a GPU would above 2 samples. Expected: plain SGD on the whole batch.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    w, b = model.weight.detach().clone(), model.bias.detach().clone()
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 3, generator=gen), torch.randn(8, 2, generator=gen)
+    wr, br = w.clone().requires_grad_(), b.clone().requires_grad_()
+    gw, gb = torch.autograd.grad(F.mse_loss(x @ wr.T + br, y), [wr, br])
+    loss, sizes = _oom_over(2)
+    opt = optim.sgd(lr=0.5)
+    step = functrain.make_step(model, loss, opt, microbatch_size="auto")
+    step._device_type = "cuda"
+    state, _ = step(functrain.init(model, opt, seed=0), (x, y))
+    assert sizes == [8, 4, 2, 2, 2, 2]  # 8 and 4 fail; then four microbatches of 2
+    torch.testing.assert_close(state.params["weight"], w - 0.5 * gw)
+    torch.testing.assert_close(state.params["bias"], b - 0.5 * gb)
+    # nothing fits, not even one sample: the error is raised, not retried forever
+    loss, sizes = _oom_over(0)
+    step = functrain.make_step(model, loss, opt, microbatch_size="auto")
+    step._device_type = "cuda"
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        step(functrain.init(model, opt, seed=0), (x, y))
+    assert sizes == [8, 4, 2, 1]
+
+
+def test_a_donating_step_from_init_compares_storage_once_then_only_identity(monkeypatch):
+    from functrain.step_grads import GradsPiece
+
+    calls = []
+    compare = GradsPiece.state_is_model
+    monkeypatch.setattr(
+        GradsPiece, "state_is_model", lambda self, state: calls.append(1) or compare(self, state)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = optim.sgd(lr=0.5)
+    step = functrain.make_step(model, lambda m, b: m(b).square().mean(), opt, donate=True)
+    state = functrain.init(model, opt, seed=0)  # the model's own tensors: the step runs in place
+    for _ in range(3):
+        state, _ = step(state, torch.ones(4, 3))
+    assert len(calls) == 1  # later calls see the same tensor objects: no storage comparison
+    # another state with the same names but its own tensors is not the model's: it trains
+    # from its own values (plain SGD by hand), not from the model's
+    w, b = torch.full((2, 3), 0.25), torch.tensor([1.0, -1.0])
+    other = state.replace(params={"weight": w.clone(), "bias": b.clone()})
+    wr, br = w.clone().requires_grad_(), b.clone().requires_grad_()
+    gw, gb = torch.autograd.grad((torch.ones(4, 3) @ wr.T + br).square().mean(), [wr, br])
+    other, _ = step(other, torch.ones(4, 3))
+    torch.testing.assert_close(other.params["weight"], w - 0.5 * gw)
+    torch.testing.assert_close(other.params["bias"], b - 0.5 * gb)
+
+
+def test_forward_seeds_differ_for_every_rank_and_microbatch():
+    # dropout masks: no two (rank, microbatch) pairs of a step may share the global seed
+    model = torch.nn.Linear(2, 2)
+    opt = optim.sgd(lr=0.1)
+    step = functrain.make_step(model, lambda m, b: m(b).mean(), opt)
+    state = functrain.init(model, opt, seed=0)
+    draws = set()
+    for rank in range(3):
+        for index in range(3):
+            with step._grads_piece._forward_rng(state, rank, index):
+                draws.add(float(torch.rand(())))
+    assert len(draws) == 9

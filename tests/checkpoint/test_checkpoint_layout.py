@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import ml_dtypes
@@ -120,3 +121,19 @@ def test_orbax_checkpoint_shape_mismatch_is_explained(tmp_path, ocp):
         checkpoint.load(tmp_path / "o", like={"params": {"w": torch.zeros(2, 3)}})
     loaded = checkpoint.load(tmp_path / "o", like={"params": {"w": torch.ones(3, 2)}})
     assert loaded["params"]["w"].abs().sum() == 0
+
+
+def test_an_ocdbt_array_the_metadata_names_but_the_database_lacks_is_named(tmp_path, ocp):
+    # orbax's _METADATA lists a leaf that its OCDBT database does not hold (a damaged save)
+    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=False)
+    ocp.Checkpointer(handler).save(
+        tmp_path / "orbax", args=ocp.args.PyTreeSave(_orbax_tree(make_state(seed=2)))
+    )
+    path = tmp_path / "orbax" / "_METADATA"
+    meta = json.loads(path.read_text())
+    name = next(k for k in meta["tree_metadata"] if "fc.bias" in k)
+    ghost = json.dumps(meta["tree_metadata"][name]).replace("fc.bias", "ghost")
+    meta["tree_metadata"][name.replace("fc.bias", "ghost")] = json.loads(ghost)
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointCorruptError, match=r"params\.ghost/\.zarray is missing"):
+        checkpoint.load(tmp_path / "orbax")

@@ -368,3 +368,41 @@ def test_a_commit_without_a_file_list_still_loads(fresh):
     with open(commit_path, "w") as f:
         json.dump(commit, f)
     assert_same_state(checkpoint.load(path, like=blank_like(state)), state)
+
+
+def test_the_step_check_reads_the_states_own_step_leaf(tmp_path):
+    # an int leaf ("t", before "step" in the tree) must not be taken for the step
+    from typing import NamedTuple
+
+    class State(NamedTuple):
+        t: int
+        step: int
+        w: torch.Tensor
+
+    state = State(t=3, step=7, w=torch.ones(2))
+    path = str(tmp_path / "ckpt")
+    checkpoint.save(path, state)
+    loaded = checkpoint.load(path, like=State(t=0, step=0, w=torch.zeros(2)))
+    assert loaded.t == 3 and loaded.step == 7 and torch.equal(loaded.w, state.w)
+
+
+def test_scalar_leaves_load_without_like_and_refuse_an_unusable_like(tmp_path):
+    path = str(tmp_path / "ckpt")
+    checkpoint.save(path, {"i": 2**62, "f": 0.25, "w": torch.ones(1)})  # also 0-d arrays for orbax
+    assert os.path.isdir(os.path.join(path, "i"))
+    flat = checkpoint.load(path)
+    assert flat["i"] == 2**62 and flat["f"] == 0.25
+    with pytest.raises(checkpoint.CheckpointError, match="may hold only tensors"):
+        checkpoint.load(path, like={"i": b"bytes", "f": 0.0, "w": torch.zeros(1)})
+
+
+def test_more_than_ten_misfits_show_ten_and_count_the_rest(tmp_path):
+    path = str(tmp_path / "ckpt")
+    checkpoint.save(path, {f"t{i:02d}": torch.zeros(2) for i in range(11)})
+    with pytest.raises(CheckpointMismatchError) as err:
+        checkpoint.load(path, like={f"t{i:02d}": torch.zeros(3) for i in range(11)})
+    message = str(err.value)
+    assert message.startswith("11 leaves do not fit")
+    shown = [line for line in message.splitlines()[1:] if "leaf 't" in line]
+    assert [line.split("leaf '")[1][:3] for line in shown] == [f"t0{i}" for i in range(10)]
+    assert message.rstrip().endswith("... and 1 more")

@@ -158,3 +158,28 @@ def test_blank_like_round_trip_through_stage_and_write(tmp_path):
     assert url == str(tmp_path / "x")
     loaded = checkpoint.load(url, like=blank_like(state))
     assert same_bits(loaded.extra["mixed"]["e4m3"], state.extra["mixed"]["e4m3"])
+
+
+def test_ints_beyond_int64_up_to_uint64_get_a_uint64_array(tmp_path):
+    assert writer._scalar_array(2**63 + 5).dtype == np.uint64
+    assert int(writer._scalar_array(2**63 + 5)) == 2**63 + 5
+    assert int(writer._scalar_array(2**64 - 1)) == 2**64 - 1
+    assert writer._scalar_array(2**64) is None  # JSON value only
+    assert writer._scalar_array(-(2**63) - 1) is None
+    state = {"u": 2**63 + 5, "neg": -(2**63) - 1, "w": torch.ones(1)}
+    checkpoint.save(tmp_path / "c", state)
+    assert os.path.isdir(tmp_path / "c" / "u") and not os.path.isdir(tmp_path / "c" / "neg")
+    loaded = checkpoint.load(tmp_path / "c", like={"u": 0, "neg": 0, "w": torch.zeros(1)})
+    assert loaded["u"] == 2**63 + 5 and loaded["neg"] == -(2**63) - 1
+
+
+def test_orbax_step_metadata_records_start_and_commit_times(tmp_path, monkeypatch):
+    import types
+
+    # the writer's clock, fixed: started at 1234.5 s, committed at 1234.6 s (in ns)
+    clock = types.SimpleNamespace(time=lambda: 1234.5, time_ns=lambda: 1_234_600_000_000)
+    monkeypatch.setattr(writer, "time", clock)
+    checkpoint.save(tmp_path / "c", {"w": torch.ones(2)})
+    meta = json.loads((tmp_path / "c" / layout.ORBAX_CHECKPOINT_METADATA).read_text())
+    assert meta["init_timestamp_nsecs"] == 1_234_500_000_000
+    assert meta["commit_timestamp_nsecs"] == 1_234_600_000_000

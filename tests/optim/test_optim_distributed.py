@@ -67,6 +67,10 @@ def _worker(rank, store_file):
     # a tree of one sharded leaf (the device and dtype come from that first leaf alone)
     rows = shard({"rows": grads["rows"]})
     assert torch.allclose(global_norm(rows), torch.linalg.vector_norm(grads["rows"]))
+    # a tree mixing a plain leaf (first, "a") and a sharded one (last): one norm over both
+    mixed = {"a": grads["bias"], "rows": rows["rows"]}
+    want = torch.linalg.vector_norm(torch.cat([grads["bias"], grads["rows"].flatten()]))
+    assert torch.allclose(global_norm(mixed), want)
 
     for name in _optimizers():
         for donate in (False, True):

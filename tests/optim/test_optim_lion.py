@@ -50,3 +50,33 @@ def test_lion_update_is_a_sign():
 def test_lion_bad_beta():
     with pytest.raises(ValueError, match="beta1"):
         lion(betas=(1.5, 0.99))
+
+
+def test_lion_betas_count_and_no_graph():
+    # b1 = 0.3: direction = sign(0.3 * mu + 0.7 * g), momentum mu <- 0.5 * mu + 0.5 * g (b2 = 0.5)
+    t = scale_by_lion(b1=0.3, b2=0.5)
+    g1 = {"w": torch.tensor([1.0, -1.0])}
+    _, state = t.update(g1, t.init(g1))  # mu = [0.5, -0.5]
+    g2 = {"w": torch.tensor([-0.3, 0.3], requires_grad=True)}
+    updates, state = t.update(g2, state)
+    # 0.3 * 0.5 + 0.7 * -0.3 = -0.06 (a weight of 0.1 on g would give +0.42)
+    assert torch.equal(updates["w"], torch.tensor([-1.0, 1.0]))
+    torch.testing.assert_close(state.mu["w"], torch.tensor([0.1, -0.1]))
+    assert state.count == 2
+    # gradients that carry autograd history leave none in the update or the state
+    assert not updates["w"].requires_grad and not state.mu["w"].requires_grad
+
+
+def test_lion_defaults_and_a_scheduled_lr():
+    params = {"w": torch.tensor([2.0, -3.0])}
+    grads = {"w": torch.tensor([0.5, -0.5])}
+    opt = lion()  # lr 1e-4, no weight decay: the update is -1e-4 * sign(g)
+    updates, _ = opt.update(grads, opt.init(params), params)
+    torch.testing.assert_close(updates["w"], torch.tensor([-1e-4, 1e-4]))
+    opt = lion(lambda count: 0.1 * (count + 1), weight_decay=0.5)  # a schedule of the count
+    state = opt.init(params)
+    for count in range(2):
+        updates, state = opt.update(grads, state, params)
+        lr = 0.1 * (count + 1)  # decoupled decay: -lr * (sign(direction) + 0.5 * w)
+        want = -lr * (torch.tensor([1.0, -1.0]) + 0.5 * params["w"])
+        torch.testing.assert_close(updates["w"], want)

@@ -124,3 +124,15 @@ def test_decoupled_sgdw_decay_not_scaled_by_lr():
 def test_decoupled_sgdw_schedule_needs_initial_lr():
     with pytest.raises(ValueError, match="initial_lr"):
         decoupled_sgdw(lambda t: 0.1, weight_decay=1e-4)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_trace_leaves_no_autograd_history(nesterov):
+    # gradients that carry a graph (e.g. from create_graph): momentum buffers built from them
+    # must not keep it alive, nor may the updates carry it into the parameters
+    t = trace(0.9, nesterov=nesterov)
+    g = {"w": torch.tensor([1.0, -2.0], requires_grad=True) * 1.0}
+    state = t.init(g)
+    for _ in range(2):  # the first step copies the gradient, later ones accumulate it
+        updates, state = t.update(g, state)
+        assert not updates["w"].requires_grad and not state.momentum["w"].requires_grad

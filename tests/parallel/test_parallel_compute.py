@@ -161,3 +161,21 @@ def test_accumulate_grads_zero_for_unused_params():
         {"w": w, "u": unused}, [lambda p: (p["w"].sum(), None)] * 2, None
     )
     assert torch.equal(grads[0], torch.full((2,), 2.0)) and torch.equal(grads[1], torch.zeros(3))
+
+
+def test_mean_without_a_layout_is_the_value_itself():
+    tree = {"loss": torch.tensor(2.5), "n": 3}
+    assert fdist.mean_over_data_parallel(tree, None) is tree
+
+
+def test_plain_grad_of_one_dtensor_param_is_placed_by_finalize(mesh1):
+    # a one-parameter subset has a bucket of its own with a single name
+    (placed, layout), whole, _ = _placed(mesh1)
+    one = {"1.bias": placed["1.bias"]}
+    local = {"1.bias": torch.tensor([1.5, -2.0])}
+    (bucket,) = layout.buckets_for(one)
+    assert bucket.names == ("1.bias",)
+    grads = compute.finalize_grads(local, one, layout)
+    assert isinstance(grads["1.bias"], DTensor)
+    assert grads["1.bias"].placements == placed["1.bias"].placements
+    assert torch.equal(grads["1.bias"].full_tensor(), local["1.bias"])

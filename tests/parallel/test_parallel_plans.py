@@ -265,3 +265,49 @@ def test_param_dtype_casts_inputs_and_computes_in_it(mesh1):
     fp32 = functrain.init(model, opt, seed=0, mesh=mesh1, plan="fsdp")
     assert step.pieces.call_model(fp32, torch.randn(5, 3)).dtype == torch.float32
     assert step.pieces.call_model(state, torch.randn(5, 3)).dtype == torch.bfloat16
+
+
+def test_launched_world_size_reads_world_size_only_without_a_process_group(monkeypatch):
+    # as a torchrun rank before init_process_group: $WORLD_SIZE, and 1 where it is not a count
+    monkeypatch.setattr(plans.dist, "is_initialized", lambda: False)
+    for value, expected in (("4", 4), ("1", 1), ("0", 1), ("four", 1), ("", 1)):
+        monkeypatch.setenv("WORLD_SIZE", value)
+        assert plans.launched_world_size() == expected, value
+    monkeypatch.delenv("WORLD_SIZE")
+    assert plans.launched_world_size() == 1
+
+
+def test_broadcast_chunks_split_by_size_cap_and_dtype():
+    f32 = [torch.zeros(n) for n in (3, 2, 4)]  # 12, 8 and 16 bytes
+    f64 = torch.zeros(1, dtype=torch.float64)
+    chunks = list(plans._chunks([f32[0], f32[1], f64, f32[2]], cap_bytes=20))
+    # 12 + 8 = 20 bytes fit the cap; a new dtype starts a chunk; so does the next float32
+    assert [[id(t) for t in c] for c in chunks] == [
+        [id(f32[0]), id(f32[1])],
+        [id(f64)],
+        [id(f32[2])],
+    ]
+    # a tensor larger than the cap is a chunk of its own, never dropped
+    big = [torch.zeros(8), torch.zeros(1)]
+    assert [len(c) for c in plans._chunks(big, cap_bytes=4)] == [1, 1]
+    assert list(plans._chunks([], cap_bytes=4)) == []
+
+
+def test_meta_model_is_placed_one_module_at_a_time(mesh1):
+    # the docstring's promise: at most one module is whole on a rank, so each module's
+    # parameters are already sharded (DTensors) when the next module is materialised
+    seen, built = [], []
+
+    class Recorder(nn.Linear):
+        def reset_parameters(self):
+            super().reset_parameters()
+            if built:  # not while the model is built on the meta device
+                seen.append([isinstance(m.weight, DTensor) for m in built[0] if m is not self])
+
+    with torch.device("meta"):
+        model = nn.Sequential(Recorder(2, 3), Recorder(3, 2))
+    built.append(model)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    plans.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=0)
+    # resetting the second Linear: the first is already placed
+    assert seen == [[False], [True]]

@@ -175,3 +175,40 @@ def test_scaling_by_a_non_number_defers_to_the_other_operand():
     assert scaled * Knows() == ("rmul", scaled)
     with pytest.raises(TypeError):
         scaled * "2"
+
+
+def test_a_schedule_takes_a_0d_tensor_count_but_not_a_1d_one():
+    s = S.linear(alpha_i=1.0, alpha_f=0.0, t_max="10ba")
+    assert s(torch.tensor(5)) == 0.5  # a count restored from a checkpoint
+    with pytest.raises(TypeError, match="Timestamp or a number of batches"):
+        s(torch.tensor([5]))  # one element, but a list of counts, not a count
+
+
+def test_zero_length_times_are_allowed_where_a_field_is_not_a_period():
+    assert base._schedule_time("0ba", "t_max") == Time(0, "ba")
+    with pytest.raises(ValueError, match="positive length"):
+        base._schedule_time("0ba", "t_max", positive=True)
+    # active for no time at all: 1.0 from the first batch
+    assert S.constant(alpha=0.5, t_max="0ba")(0) == 1.0
+
+
+def test_sample_time_with_no_samples_counted_fails_from_the_first_batch():
+    s = S.linear(alpha_i=1.0, alpha_f=0.0, t_max="100sp")
+    assert s(Timestamp(batch=0)) == 1.0  # nothing trained yet: fine
+    with pytest.raises(ValueError, match="none were counted in 1 batches"):
+        s(Timestamp(batch=1))  # one batch done, zero samples counted: a frozen schedule
+
+
+def test_count_slack_is_relative_and_tiny():
+    # a float just short of a whole period by more than the slack (1e-12) is not rounded up
+    assert base._count(1.0 - 1.5e-12, 1.0) == 0
+    assert base._count(1.0 - 0.5e-12, 1.0) == 1
+    assert base._count(3.0, 1.0) == 3
+
+
+def test_a_schedule_without_at_cannot_be_made():
+    class NoAt(base.Schedule):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        NoAt()
