@@ -103,11 +103,16 @@ def init(
         )
     params = {name: p.detach() for name, p in model.named_parameters()}
     layout = None
-    from .parallel.plans import default_placement, shard_params
+    from .parallel.mesh import launched_world_size
 
-    mesh, plan = default_placement(mesh, plan)
-    if mesh is not None:
-        params, layout = shard_params(model, params, mesh=mesh, plan=plan, seed=seed)
+    # One process and no mesh or plan asked for: nothing to place, so the plans (and DTensor,
+    # about a second to import) stay unloaded.
+    if mesh is not None or plan is not None or launched_world_size() > 1:
+        from .parallel.plans import default_placement, shard_params
+
+        mesh, plan = default_placement(mesh, plan)
+        if mesh is not None:
+            params, layout = shard_params(model, params, mesh=mesh, plan=plan, seed=seed)
     # After sharding: a meta-device model gets its buffers materialised there.
     buffers = {name: b.detach() for name, b in model.named_buffers()}
     trainable = set(trainable_names(model))

@@ -190,3 +190,24 @@ def test_a_lazily_imported_submodule_reads_as_an_attribute():
         "reader": "functrain.checkpoint.reader",
         "unknown": False,
     }
+
+
+def test_one_process_trains_and_checkpoints_without_importing_dtensor():
+    """`init`, a step and `fit` in one process with no mesh: the plans and DTensor (about a
+    second of import) are never needed, so never loaded."""
+    out = run_fresh(
+        """
+        import os
+        os.environ.pop("WORLD_SIZE", None)
+        import torch
+        import functrain
+        model = torch.nn.Linear(4, 2)
+        opt = functrain.optim.adamw(1e-2)
+        state = functrain.init(model, opt, seed=0)
+        step = functrain.make_step(model, lambda m, b: m(b).square().mean(), opt)
+        state = functrain.fit(step, state, [torch.randn(8, 4)] * 3, duration="3ba", progress=False)
+        print(json.dumps({"dtensor": "torch.distributed.tensor" in sys.modules,
+                          "step": state.step, "layout": state.layout is None}))
+        """
+    )
+    assert out == {"dtensor": False, "step": 3, "layout": True}

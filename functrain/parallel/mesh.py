@@ -34,6 +34,16 @@ DP_DIMS = ("dp_replicate", "dp_shard")
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+def launched_world_size() -> int:
+    """Ranks of the world this process belongs to: the process group's, else `$WORLD_SIZE`."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def default_device_type() -> str:
     """ "cuda" when a GPU is visible, else "cpu"."""
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -31,7 +31,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Mapping
 
@@ -43,7 +42,7 @@ from ..rng import RngState, seed_for, seeded_global_rng
 from . import comm, offload, tensor_parallel
 from .flat import shard_extent
 from .layout import Layout, make_layout
-from .mesh import check_mesh, dim_size, init_mesh
+from .mesh import check_mesh, dim_size, init_mesh, launched_world_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,16 +145,6 @@ def resolve_plan(plan: str | Plan | None) -> Plan:
 
 
 LOCAL = "local"  # the plan name for "no distribution", even under a launcher
-
-
-def launched_world_size() -> int:
-    """Ranks of the world this process belongs to: the process group's, else `$WORLD_SIZE`."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
 
 
 def default_placement(mesh, plan) -> tuple:
