@@ -307,11 +307,12 @@ def print_report(scenarios, ledger_data, code, table: bool = True) -> dict:
         )
     )
     t = ledger.totals(scenarios, ledger_data, code)
-    hours = "unknown" if t["hours_left"] is None else f"{t['hours_left']:.1f} h"
+    hours = f"{t['hours_left']:.1f} h"
     print(
         f"\n{t['scenarios']} scenarios at code {code}: {t['ran']} ran, {t['pass']} pass, "
         f"{t['xfail']} xfail, {t['fail']} fail, {t['remaining']} remaining "
-        f"(estimated {hours} left at {t['seconds_per_scenario']} s a scenario)"
+        f"(estimated {hours} left at {t['seconds_per_scenario']} s a scenario measured, "
+        f"{ledger.PRIOR_SECONDS} before a layout has rows)"
     )
     return t
 

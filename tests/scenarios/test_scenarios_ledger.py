@@ -124,6 +124,9 @@ def test_totals_count_results_and_estimate_the_hours_left_per_layout():
     assert t["remaining"] == 8 and t["remaining_by_layout"] == {"single": 4, "ddp": 4}
     # single: mean of 1, 1, 1, 3 = 1.5 s; ddp: mean of 10, 20 = 15 s
     assert t["hours_left"] == round((4 * 1.5 + 4 * 15.0) / 3600, 2)
+    fsdp = [s for s in FULL if s.layout == "fsdp"][:30]  # no rows yet: the prior rate
+    later = ledger.totals(single + fsdp, data, "A")
+    assert later["hours_left"] == round((4 * 1.5 + 30 * ledger.PRIOR_SECONDS["fsdp"]) / 3600, 2)
     table = {r[0]: r[1] for r in ledger.table_rows(single + ddp, data, "A")}
     assert table[single[3].id] == "FAIL" and table[ddp[2].id] == "stale"
     assert table[ddp[5].id] == "not run"
