@@ -15,7 +15,11 @@
    leave behind.
 
 Jobs and batches are in scenario_jobs.py. Everything a run leaves (checkpoints, progress, the
-output of each launch) stays under `root`.
+output of each launch, each launch's record in `launches.json` and each process's timeline)
+stays under `root`. A launch's first process -- the one process of the one-process layout, the
+launcher(s) of the others -- forks from a warm server (scenario_forkserver.py), which saves the
+interpreter's start, the imports and the finalization of each; torchrun still starts every rank
+as a new interpreter, and every signal and kill reaches a real process.
 
 Example:
     >>> matrix = run_matrix([Scenario.from_row(row)], "/dev/shm/scenarios")
@@ -46,6 +50,7 @@ from scenario_checks import (
     job_seconds,
     why_failed,
 )
+from scenario_forkserver import ForkServer
 from scenario_jobs import (
     Batch,
     committed_steps,
@@ -53,6 +58,8 @@ from scenario_jobs import (
     fired,
     last_recorded_step,
     plan,
+    restore_reference,
+    store_reference,
     tail,
 )
 
@@ -123,8 +130,18 @@ def _kill_all(procs: list[subprocess.Popen], pid_dir: str) -> None:
             pass
 
 
-def run_batch(batch: Batch, log: Callable[[str], None] = lambda s: None) -> None:
-    """Launch `batch` until every job finished (or failed); records each launch."""
+def run_batch(
+    batch: Batch, log: Callable[[str], None] = lambda s: None, forks: ForkServer | None = None
+) -> None:
+    """Launch `batch` until every job finished (or failed); records each launch.
+
+    Args:
+        batch: the jobs and their layout.
+        log: receives a line per launch.
+        forks: where a launch's processes fork from (scenario_forkserver.py): the one process
+            of the one-process layout, the launcher(s) of the others (whose ranks torchrun
+            starts as new interpreters); None: a new interpreter for each.
+    """
     log(f"batch {batch.name}: {len(batch.jobs)} jobs")
     os.makedirs(batch.dir, exist_ok=True)
     for job in batch.jobs:
@@ -159,17 +176,23 @@ def run_batch(batch: Batch, log: Callable[[str], None] = lambda s: None) -> None
         if os.path.exists(current):
             os.remove(current)
         outputs, procs = [], []
+        began = time.time()  # wall time: the workers' timelines (scenario_worker.Timeline) use it
         started = time.monotonic()
         for node, command in enumerate(_commands(batch, batch_file, restarts)):
             out = os.path.join(batch.dir, f"launch{attempt}.node{node}.out")
             outputs.append(out)
-            with open(out, "w") as f:
-                procs.append(
-                    subprocess.Popen(
-                        command, stdout=f, stderr=subprocess.STDOUT, env=clean_env(),
-                        cwd=REPO, start_new_session=True,
-                    )
-                )  # fmt: skip
+            if forks is not None and batch.layout == "single":
+                procs.append(forks.launch(command[1:], out))
+            elif forks is not None:  # command: python -m functrain.launch ARGS
+                procs.append(forks.launch(["functrain.launch", *command[3:]], out, "launch"))
+            else:
+                with open(out, "w") as f:
+                    procs.append(
+                        subprocess.Popen(
+                            command, stdout=f, stderr=subprocess.STDOUT, env=clean_env(),
+                            cwd=REPO, start_new_session=True,
+                        )
+                    )  # fmt: skip
             if batch.layout != "single":
                 with open(os.path.join(pid_dir, f"launcher{node}"), "w") as f:
                     f.write(str(procs[-1].pid))
@@ -193,6 +216,8 @@ def run_batch(batch: Batch, log: Callable[[str], None] = lambda s: None) -> None
             "attempt": attempt,
             "rcs": [p.returncode for p in procs],
             "seconds": round(seconds, 2),
+            "began": began,
+            "ended": time.time(),
             "timed_out": timed_out,
             "outputs": outputs,
             "running": running,
@@ -208,6 +233,8 @@ def run_batch(batch: Batch, log: Callable[[str], None] = lambda s: None) -> None
             record["checkpoints"][job_id] = committed_steps(os.path.join(job.dir, "ckpt"))
             record["last_step"][job_id] = last_recorded_step(job)
         batch.launches.append(record)
+        with open(os.path.join(batch.dir, "launches.json"), "w") as f:
+            json.dump(batch.launches, f, indent=1)
         log(
             f"  {batch.name} launch {attempt}: rc={record['rcs']} {seconds:.1f}s"
             f"{' TIMEOUT' if timed_out else ''} fired={fired_now} finished={record['finished']}"
@@ -243,6 +270,8 @@ def run_matrix(
     root: str,
     log: Callable[[str], None] = lambda s: None,
     parallel: int = 2,
+    forks: ForkServer | bool = True,
+    ref_cache: str | None = None,
 ) -> MatrixRun:
     """Run `scenarios` under `root` and check each one (see the module docstring).
 
@@ -252,22 +281,43 @@ def run_matrix(
         log: receives a line per launch.
         parallel: batches run at once (they share nothing but the CPU; launches spend part of
             their time waiting: rendezvous, a signal's way through torchrun, a hang's timeout).
+        forks: launches fork their first process (the one process, or the launchers) from a
+            warm server (scenario_forkserver.py): True starts one for this call, a
+            `ForkServer` is used as it is, False starts a new interpreter for each.
+        ref_cache: a folder of finished uninterrupted references, keyed by everything that
+            determines one (`reference_key`: the configuration and a hash of the code): a
+            reference found there is not trained again, one trained here is added.
     """
     import concurrent.futures
     import resource
 
     scenarios = list(scenarios)
     batches, by_scenario = plan(scenarios, root)
+    refs = {ref.id: ref for ref, _ in by_scenario.values()}
+    cached = {j.id for j in refs.values() if ref_cache and restore_reference(j, ref_cache)}
     started = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     first = [b for b in batches if b.name != "resume_on_1"]  # the resumes need the rest done
     last = [b for b in batches if b.name == "resume_on_1"]
-    for group in (first, last):
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            for future in [pool.submit(run_batch, b, log) for b in group]:
-                future.result()
+    own_server = forks is True and bool(batches)
+    server = ForkServer(clean_env(), REPO) if own_server else forks or None
+    forked_cpu = server.cpu_seconds if server else 0.0
+    try:
+        for group in (first, last):
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+                for future in [pool.submit(run_batch, b, log, server) for b in group]:
+                    future.result()
+    finally:
+        if own_server:
+            server.close()
+    if ref_cache:
+        for job in refs.values():
+            if job.id not in cached and finished(job) == "done":
+                store_reference(job, ref_cache)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if server:  # forked launches are the server's children, not this process's
+        cpu += server.cpu_seconds - forked_cpu
     wall = time.monotonic() - started
     launches = [rec for b in batches for rec in b.launches]
     outcomes = []
@@ -289,6 +339,8 @@ def run_matrix(
                 notes.append(
                     f"a rank aborted (SIGABRT, issue 18) in launch {rec['attempt']} of its batch"
                 )
+        if ref.id in cached:
+            notes.append("its reference came from the cache (same configuration and code)")
         outcomes.append(Outcome(s, problems, notes, job_seconds(ref) + job_seconds(run)))
     log(f"{len(scenarios)} scenarios, {sum(len(b.launches) for b in batches)} launches: "
         f"{wall:.0f} s wall, {cpu:.0f} s CPU")  # fmt: skip

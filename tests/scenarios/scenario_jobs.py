@@ -12,13 +12,52 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import os
+import shutil
+import sys
 from collections.abc import Sequence
 
 from scenario_axes import MULTI_RANK, Scenario
 
 TOTAL_STEPS = 18  # scenario_worker: 96 samples / 16 a batch * 3 epochs
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+# The files that decide what a scenario runs and how it is judged (besides functrain itself):
+# a change to any of them changes `code_hash`. The designs, the known-bug table and the
+# bookkeeping of results choose and label scenarios; they do not change one.
+HARNESS_FILES = (
+    "scenario_axes.py",
+    "scenario_checks.py",
+    "scenario_forkserver.py",
+    "scenario_harness.py",
+    "scenario_jobs.py",
+    "scenario_timeline.py",
+    "scenario_worker.py",
+)
+
+
+@functools.cache
+def code_hash(repo: str = REPO) -> str:
+    """A digest of everything a scenario's result depends on: every file of the functrain
+    package, the harness files above, the Python and torch versions. Results and cached
+    references are reused only under the same hash."""
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    files = []
+    for folder, dirs, names in os.walk(os.path.join(repo, "functrain")):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        files += [os.path.join(folder, n) for n in names if not n.endswith((".pyc", ".pyo"))]
+    files += [os.path.join(repo, "tests", "scenarios", n) for n in HARNESS_FILES]
+    for path in sorted(files):
+        digest.update(os.path.relpath(path, repo).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(hashlib.sha256(f.read()).digest())
+    digest.update(f"python {sys.version_info[:3]} torch {metadata.version('torch')}".encode())
+    return digest.hexdigest()[:16]
 
 
 # -- jobs and batches ----------------------------------------------------------------------------
@@ -88,6 +127,46 @@ def plan(
         folder = os.path.join(root, "batches", "resume_on_1")
         batches.append(Batch("resume_on_1", folder, "single", resumed, digits=digits))
     return batches, by_scenario
+
+
+# -- the reference cache -------------------------------------------------------------------------
+
+REFERENCE_FILES = ("progress.jsonl", "final.safetensors", "final.json", "seconds", "done")
+
+
+def reference_key(job: Job) -> str:
+    """What determines an uninterrupted reference: its configuration (the layout included), the
+    run's length and `code_hash()`; interruptions do not enter (a reference has none)."""
+    if job.events or job.phase != "first":
+        raise ValueError(f"{job.id} is not an uninterrupted reference")
+    what = {"config": job.config, "layout": job.layout, "steps": TOTAL_STEPS, "code": code_hash()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def restore_reference(job: Job, cache: str) -> bool:
+    """Fill `job.dir` from the cache; True when the reference was there (then it is done)."""
+    source = os.path.join(cache, reference_key(job))
+    if not all(os.path.exists(os.path.join(source, n)) for n in REFERENCE_FILES):
+        return False
+    os.makedirs(job.dir, exist_ok=True)
+    for name in REFERENCE_FILES:
+        shutil.copyfile(os.path.join(source, name), os.path.join(job.dir, name))
+    return True
+
+
+def store_reference(job: Job, cache: str) -> None:
+    """Copy a finished reference's results (not its checkpoints) into the cache, atomically."""
+    target = os.path.join(cache, reference_key(job))
+    if os.path.isdir(target) or finished(job) != "done":
+        return
+    staging = f"{target}.tmp{os.getpid()}"
+    os.makedirs(staging, exist_ok=True)
+    for name in REFERENCE_FILES:
+        shutil.copyfile(os.path.join(job.dir, name), os.path.join(staging, name))
+    try:
+        os.rename(staging, target)
+    except OSError:  # stored meanwhile by another run: keep that one
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_digits(path: str) -> str:

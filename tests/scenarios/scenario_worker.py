@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from scenario_timeline import Timeline, process_started
 from torch import nn
 
 import functrain
@@ -200,10 +201,12 @@ def fingerprint(state) -> float:
 
 
 class Recorder:
-    """Appends one JSON line per trained step to `<job>/progress.jsonl` (rank 0 only)."""
+    """Appends one JSON line per trained step to `<job>/progress.jsonl` (rank 0 only), and marks
+    the fit's phases on the process's timeline."""
 
-    def __init__(self, path: str, rank: int):
+    def __init__(self, path: str, rank: int, timeline: Timeline, job_id: str):
         self.path, self.rank = path, rank
+        self.timeline, self.job_id = timeline, job_id
 
     def _write(self, record: dict) -> None:
         if self.rank == 0:
@@ -211,7 +214,14 @@ class Recorder:
                 f.write(json.dumps(record) + "\n")
 
     def fit_start(self, ctx):
+        self.timeline.mark("fit_start", self.job_id)
         self._write({"start": ctx.state.step, "fp": fingerprint(ctx.state), "pid": os.getpid()})
+
+    def checkpoint(self, ctx):
+        self.timeline.mark("checkpoint", self.job_id)
+
+    def fit_end(self, ctx):
+        self.timeline.mark("fit_end", self.job_id)
 
     def batch_end(self, ctx):
         skipped = ctx.metrics.get("skipped", False)
@@ -355,12 +365,13 @@ def final_leaves(state) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, scalars
 
 
-def run_job(job: dict, batch: dict, mesh, rank: int, world: int) -> bool:
+def run_job(job: dict, batch: dict, mesh, rank: int, world: int, timeline: Timeline) -> bool:
     """Train one job until it is done or interrupted; True when this process may go on."""
     from safetensors.torch import save_file
 
     step, state, loader = build(job["config"], mesh, batch["layout"], batch.get("digits"))
-    recorder = Recorder(os.path.join(job["dir"], "progress.jsonl"), rank)
+    timeline.mark("built", job["id"])
+    recorder = Recorder(os.path.join(job["dir"], "progress.jsonl"), rank, timeline, job["id"])
     interrupter = Interrupter(job, batch, rank, world)
     with Manager(os.path.join(job["dir"], "ckpt"), every=SAVE_EVERY, keep_last=2) as manager:
         state = functrain.fit(
@@ -384,6 +395,7 @@ def run_job(job: dict, batch: dict, mesh, rank: int, world: int) -> bool:
         with open(os.path.join(job["dir"], "final.json"), "w") as f:
             json.dump(scalars, f)
         _mark(job, "done", "")
+    timeline.mark("final", job["id"])
     return True
 
 
@@ -440,6 +452,9 @@ class Lockstep:
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         batch = json.load(f)
+    timeline = Timeline(batch["dir"])
+    timeline.mark("start", at=process_started())
+    timeline.mark("imported")
     torch.set_num_threads(1)
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     mesh = None
@@ -452,6 +467,7 @@ def main(argv: list[str]) -> int:
     with open(os.path.join(pids, f"rank{rank}"), "w") as f:
         f.write(str(os.getpid()))
     lockstep = Lockstep(world)
+    timeline.mark("group")
     for job in batch["jobs"]:
         if lockstep.skip(job, rank):
             continue
@@ -460,7 +476,7 @@ def main(argv: list[str]) -> int:
                 f.write(job["id"])
         started, error = time.monotonic(), None
         try:
-            go_on = run_job(job, batch, mesh, rank, world)
+            go_on = run_job(job, batch, mesh, rank, world, timeline)
         except Exception as caught:  # noqa: BLE001 - recorded for the harness
             if _planned(caught):
                 raise  # the planned crash: torchrun restarts the ranks
@@ -471,10 +487,12 @@ def main(argv: list[str]) -> int:
             with open(os.path.join(job["dir"], "seconds"), "a") as f:
                 f.write(f"{time.monotonic() - started:.3f}\n")
         if not go_on:
+            timeline.mark("exit")
             return 0  # preempted: a preempted script ends; the harness runs it again
         if lockstep.failed_anywhere(error is not None):  # every rank failed on it: go on
             if rank == 0:
                 _mark(job, "failed", error or "failed on another rank")
+    timeline.mark("exit")
     return 0
 
 
