@@ -462,3 +462,33 @@ def test_a_zero_learning_rate_with_a_decoupled_decay_only_decays():
     fused, ref = _fused_and_reference(opt, params, steps=2)
     assert torch.allclose(fused["w"], 0.81 * params["w"], atol=1e-7, rtol=0)
     assert tree_allclose(fused, ref, atol=1e-7, rtol=0)
+
+
+def test_every_spec_is_frozen():
+    """A spec describes what its transform's `update` computes (its closure holds the same
+    values); the fused executor runs the spec. One that could be changed afterwards would make
+    the two paths disagree, so every spec refuses assignment."""
+    import dataclasses
+
+    from functrain.optim import spec as spec_module
+
+    transforms = [
+        optim.scale_by_adam(),
+        optim.scale_by_lion(),
+        optim.trace(0.9),
+        optim.scale_by_learning_rate(0.1),
+        optim.scale(2.0),
+        optim.add_decayed_weights(0.1),
+        optim.add_decoupled_weight_decay(0.1, lr=0.1),
+        optim.clip_by_global_norm(1.0),
+        optim.chain(optim.scale(2.0)),
+        optim.masked(optim.sgd(0.1), lambda p: {k: True for k in p}),
+        optim.inject_hyperparams(optim.sgd)(lr=0.1),
+    ]
+    specs = [t.spec for t in transforms]
+    kinds = {v for v in vars(spec_module).values() if dataclasses.is_dataclass(v)}
+    assert {type(s) for s in specs} == kinds  # every spec kind of the module is checked
+    for s in specs:
+        field = dataclasses.fields(s)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(s, field, getattr(s, field))
