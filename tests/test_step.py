@@ -543,3 +543,94 @@ def test_forward_seeds_differ_for_every_rank_and_microbatch():
             with step._grads_piece._forward_rng(state, rank, index):
                 draws.add(float(torch.rand(())))
     assert len(draws) == 9
+
+
+def test_microbatches_of_no_tokens_are_an_empty_batch_error():
+    """Weights by tokens: microbatches holding 0 tokens in all are an empty batch (a ValueError,
+    not a ZeroDivisionError)."""
+    from functrain.pieces import StepConfig
+    from functrain.step_grads import microbatch_weights
+
+    config = StepConfig(weight_by="tokens", count_tokens=lambda mb: 0)
+    with pytest.raises(ValueError, match="empty"):
+        microbatch_weights([torch.zeros(2, 3), torch.zeros(2, 3)], config)
+    assert microbatch_weights([torch.zeros(1), torch.zeros(3)], StepConfig()) == [0.25, 0.75]
+
+
+def test_a_parameter_the_loss_does_not_use_gets_a_zero_gradient():
+    """One microbatch of plain tensors (`torch.autograd.grad`): a trainable parameter outside the
+    loss's graph is not an error; its gradient is zero, so plain SGD leaves it where it was."""
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(2, 1), "unused": torch.nn.Linear(2, 1)})
+    opt = optim.sgd(0.1)
+    step = functrain.make_step(model, lambda m, b: m["used"](b).sum(), opt)
+    state = functrain.init(model, opt, seed=0)
+    before = tree_clone(state.params)
+    x = torch.tensor([[1.0, 2.0]])
+    new, _ = step(state, x)
+    for k in ("unused.weight", "unused.bias"):
+        assert torch.equal(new.params[k], before[k])
+    # by hand: d(sum(w x + b))/dw = x, /db = 1
+    assert torch.allclose(new.params["used.weight"], before["used.weight"] - 0.1 * x)
+    assert torch.allclose(new.params["used.bias"], before["used.bias"] - 0.1)
+
+
+def test_a_donating_step_without_a_fused_form_updates_the_models_own_parameters():
+    """Donating from `init`, the state's params share the model's Parameters' storage; the
+    transforms' own in-place path (clip_by_value has no fused form) keeps them so, as the fused
+    path does: the model itself holds the trained weights (SGD steps by hand below)."""
+    model = torch.nn.Linear(2, 1)
+    opt = optim.chain(optim.clip_by_value(10.0), optim.sgd(0.1))
+    step = functrain.make_step(model, lambda m, b: m(b).sum(), opt, donate=True)
+    state = functrain.init(model, opt, seed=0)
+    expected = model.weight.detach() - 0.1 * torch.tensor([[1.0, 2.0]])
+    for _ in range(2):
+        state, _ = step(state, torch.tensor([[1.0, 2.0]]))
+        assert state.params["weight"].data_ptr() == model.weight.data_ptr()  # one storage
+    assert torch.allclose(model.weight.detach(), expected - 0.1 * torch.tensor([[1.0, 2.0]]))
+
+
+def test_a_state_with_its_params_in_another_order_swaps_each_into_its_own_slot():
+    """A dict's order is no part of a state (a checkpoint reader may give sorted names): a step
+    called with the names in one order and then in another puts every tensor in its own
+    module slot both times (the slots are looked up again, not reused by position)."""
+    model = torch.nn.Linear(2, 1)
+    opt = optim.sgd(0.1)
+    step = functrain.make_step(model, lambda m, b: m(b).sum(), opt)
+    state = functrain.init(model, opt, seed=0)
+    shuffled = state.replace(params=dict(sorted(state.params.items())))  # bias first
+    assert list(shuffled.params) != list(state.params)
+    x = torch.tensor([[1.0, 2.0]])
+    expected = {"weight": state.params["weight"] - 0.1 * x, "bias": state.params["bias"] - 0.1}
+    out = x @ state.params["weight"].T + state.params["bias"]  # by hand
+    for s in (shuffled, state, shuffled):
+        # the model run with a state's tensors (evaluation) takes the state's order ...
+        assert torch.allclose(step.pieces.call_model(s, x), out)
+        # ... the step's forward the trainable names' order
+        new, metrics = step(s, x)
+        assert torch.allclose(metrics["loss"], out.sum())
+        assert tree_allclose(dict(new.params), expected, atol=1e-6)
+
+
+def test_grad_mode_func_takes_the_gradients_with_torch_func(monkeypatch):
+    """`grad_mode="func"` is `torch.func.grad` (composable with vmap, etc.), not autograd: the
+    gradients come from it, and equal autograd's."""
+    calls = []
+    real = torch.func.grad
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.func, "grad", counting)
+    x = torch.tensor([[1.0, 2.0]])
+    results = {}
+    for mode in ("func", "autograd"):
+        torch.manual_seed(0)  # the same initial weights
+        model = torch.nn.Linear(2, 1)
+        opt = optim.sgd(0.1)
+        step = functrain.make_step(model, lambda m, b: m(b).sum(), opt, grad_mode=mode)
+        state = functrain.init(model, opt, seed=0)
+        before = len(calls)
+        results[mode], _ = step(state, x)
+        assert (len(calls) > before) == (mode == "func")
+    assert tree_allclose(results["func"].params, results["autograd"].params, atol=1e-6)

@@ -342,3 +342,153 @@ def test_the_step_does_not_hand_its_norm_over_when_an_algorithm_changed_the_grad
     state, _ = step(state, 100 * x)  # gradient norm 5 (50 after scaling): clipped to 1
     expected = torch.tensor([[0.97, -1.04]]) - 0.1 * torch.tensor([[0.6, 0.8]])
     assert torch.allclose(state.params["weight"], expected, atol=1e-6)
+
+
+# -- what the planner refuses, and what it reports (mutation testing, issue 17) ----------------
+
+
+def test_a_core_after_the_learning_rate_has_no_fused_form():
+    """The kernels run the core on the raw gradients and scale by the lr after it; a core that
+    comes after a scale sees scaled gradients, which no kernel computes."""
+    opt = optim.chain(optim.scale_by_learning_rate(0.1), optim.scale_by_adam())
+    params = {"w": torch.ones(3)}
+    assert optim.fused_plan(opt, params) is None
+    assert "after another core or a scale" in optim.why_not_fused(opt, params)
+
+
+def test_a_state_covering_more_names_than_the_gradients_is_not_fused():
+    """Moments for a parameter without a gradient: the kernel lists would not line up, so the
+    executor declines (the reference update then says what is wrong) and touches nothing."""
+    opt = optim.adamw(1e-2)
+    params = {"a": torch.ones(2), "b": torch.ones(3)}
+    state = opt.init(params)
+    before = tree_clone((params, state))
+    assert optim.fused_update(opt, {"a": torch.ones(2)}, state, params) is None
+    assert tree_allclose((params, state), before, atol=0)
+
+
+def test_an_epoch_schedule_is_planned_as_at_a_runs_start():
+    """inject_hyperparams evaluates its schedules while planning; one in epochs needs a time with
+    a known epoch length, so the planner evaluates it at the start of a one-epoch run instead
+    of giving up."""
+    lr = 1e-2 * schedules.cosine_annealing_with_warmup("1ep", t_max="1dur")
+    opt = optim.inject_hyperparams(optim.adamw)(lr=lr, weight_decay=0.1)
+    plan = optim.fused_plan(opt, {"w": torch.ones(3)})
+    assert plan is not None and plan.kernel == "_fused_adamw_"
+
+
+def test_the_plan_names_sgds_decay_pre_pass_only_where_it_runs():
+    params = {"w": torch.ones(3)}
+    decoupled = optim.fused_plan(optim.decoupled_sgdw(0.1, weight_decay=1e-4), params)
+    coupled = optim.fused_plan(optim.sgd(0.1, momentum=0.9, weight_decay=1e-4), params)
+    plain = optim.fused_plan(optim.sgd(0.1), params)
+    assert decoupled.prepasses == ("params *= 1 - decay",)
+    assert str(decoupled) == "_fused_sgd_ x1 group, pre-pass params *= 1 - decay"
+    assert plain.prepasses == () and str(plain) == "_fused_sgd_ x1 group"
+    # sgd's weight_decay is L2 (added to the gradient before the momentum): the kernel's own
+    assert coupled.prepasses == ()
+
+
+def test_dtensor_parameters_run_fused_on_their_local_pieces():
+    """A mesh of one rank: DTensor parameters, gradients and moments, sharded and replicated,
+    take the kernels on their local pieces and give the plain tensors' reference update."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        gen = torch.Generator().manual_seed(0)
+        plain = {"w": torch.randn(4, 3, generator=gen), "b": torch.randn(4, generator=gen)}
+        grads = {k: torch.randn(v.shape, generator=gen) for k, v in plain.items()}
+        place = {"w": [Shard(0)], "b": [Replicate()]}
+
+        def dt(tree):
+            return {k: distribute_tensor(v.clone(), mesh, place[k]) for k, v in tree.items()}
+
+        opt = optim.chain(optim.clip_by_global_norm(0.5), optim.adamw(1e-1, weight_decay=0.1))
+        ref_params, ref_state = tree_clone(plain), opt.init(plain)
+        updates, ref_state = opt.update(tree_clone(grads), ref_state, ref_params)
+        ref_params = optim.apply_updates(ref_params, updates)
+        params = dt(plain)
+        state = optim.fused_update(opt, dt(grads), opt.init(params), params)
+        assert state is not None  # fused, not declined
+        for k in plain:
+            assert (ref_params[k] - plain[k]).abs().max() > 1e-3  # the update moved it
+            assert torch.allclose(params[k].to_local(), ref_params[k], atol=1e-6, rtol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fused_and_reference(opt, params, steps=3):
+    """`steps` updates of `opt` from `params`: (fused params, reference params)."""
+    ref_params, ref_state = tree_clone(params), opt.init(params)
+    fused_params, fused_state = tree_clone(params), opt.init(params)
+    for i in range(steps):
+        gen = torch.Generator().manual_seed(100 + i)
+        grads = {k: torch.randn(v.shape, generator=gen) for k, v in params.items()}
+        updates, ref_state = opt.update(tree_clone(grads), ref_state, ref_params)
+        ref_params = optim.apply_updates(ref_params, updates)
+        fused_state = optim.fused_update(opt, tree_clone(grads), fused_state, fused_params)
+        assert fused_state is not None
+    assert tree_allclose(fused_state, ref_state, atol=1e-6, rtol=1e-6)
+    return fused_params, ref_params
+
+
+def test_a_decoupled_decay_after_lion_is_fused_and_matches_the_chain():
+    opt = optim.chain(
+        optim.scale_by_lion(),
+        optim.scale_by_learning_rate(1e-2),
+        optim.add_decoupled_weight_decay(0.1, lr=1e-2),
+    )
+    params = {"w": torch.linspace(-1, 1, 6).reshape(2, 3)}
+    fused, ref = _fused_and_reference(opt, params)
+    assert tree_allclose(fused, ref, atol=1e-6, rtol=1e-6)
+    # by hand: each step shrinks by 1 - 0.1 (factor lr/initial lr = 1) and moves by 1e-2 * sign
+    assert (fused["w"] - 0.9**3 * params["w"]).abs().max() <= 3 * 1e-2 + 1e-6
+
+
+def test_a_zero_learning_rate_with_a_decoupled_decay_only_decays():
+    """At an lr of 0 the kernel cannot carry the decay (AdamW's decay is lr * wd): the
+    parameters shrink by exactly 1 - weight_decay per step, and nothing else moves them."""
+    opt = optim.chain(
+        optim.scale_by_adam(),
+        optim.scale_by_learning_rate(0.0),
+        optim.add_decoupled_weight_decay(0.1, lr=1e-2),
+    )
+    params = {"w": torch.linspace(-1, 1, 6).reshape(2, 3)}
+    fused, ref = _fused_and_reference(opt, params, steps=2)
+    assert torch.allclose(fused["w"], 0.81 * params["w"], atol=1e-7, rtol=0)
+    assert tree_allclose(fused, ref, atol=1e-7, rtol=0)
+
+
+def test_every_spec_is_frozen():
+    """A spec describes what its transform's `update` computes (its closure holds the same
+    values); the fused executor runs the spec. One that could be changed afterwards would make
+    the two paths disagree, so every spec refuses assignment."""
+    import dataclasses
+
+    from functrain.optim import spec as spec_module
+
+    transforms = [
+        optim.scale_by_adam(),
+        optim.scale_by_lion(),
+        optim.trace(0.9),
+        optim.scale_by_learning_rate(0.1),
+        optim.scale(2.0),
+        optim.add_decayed_weights(0.1),
+        optim.add_decoupled_weight_decay(0.1, lr=0.1),
+        optim.clip_by_global_norm(1.0),
+        optim.chain(optim.scale(2.0)),
+        optim.masked(optim.sgd(0.1), lambda p: {k: True for k in p}),
+        optim.inject_hyperparams(optim.sgd)(lr=0.1),
+    ]
+    specs = [t.spec for t in transforms]
+    kinds = {v for v in vars(spec_module).values() if dataclasses.is_dataclass(v)}
+    assert {type(s) for s in specs} == kinds  # every spec kind of the module is checked
+    for s in specs:
+        field = dataclasses.fields(s)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(s, field, getattr(s, field))

@@ -153,3 +153,42 @@ def test_buffer_pool_never_writes_into_a_dropped_tensor_that_was_resized():
     third = pool.private_copies(second)
     assert [t.shape for t in third] == [torch.Size([6]), torch.Size([2, 2])]
     assert torch.equal(third[0], torch.arange(6.0)) and torch.equal(third[1], torch.ones(2, 2))
+
+
+def test_buffer_pool_reuses_a_dropped_state_that_was_not_fed_back():
+    """A state not returned by the pool (e.g. one loaded from a checkpoint) lends its buffers
+    too, once dropped, to the next call's copies of the same layout."""
+    pool = BufferPool()
+    # a transposed layout that is no view (a view's base would keep its storage referenced)
+    loaded = [torch.empty_strided((3, 4), (1, 3)).normal_(), torch.randn(5)]
+    addresses = [t.data_ptr() for t in loaded]
+    pool.private_copies(loaded)
+    del loaded
+    fresh = [torch.empty_strided((3, 4), (1, 3)).normal_(), torch.randn(5)]
+    copies = pool.private_copies(fresh)
+    assert [t.data_ptr() for t in copies] == addresses
+    assert all(torch.equal(c, f) and c.stride() == f.stride() for c, f in zip(copies, fresh))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(lambda t: t.double(), id="another dtype"),
+        pytest.param(lambda t: t.t().contiguous().t(), id="another stride"),
+        pytest.param(lambda t: t.to("meta"), id="another device"),
+    ],
+)
+def test_buffer_pool_never_lends_a_buffer_of_another_layout(other):
+    """A dropped buffer of the same shape but another dtype, stride or device is not written
+    into: the copy has the input's layout (and, off the meta device, its values)."""
+    pool = BufferPool()
+    pool.private_copies([torch.randn(3, 2)])  # retired, unreferenced: a candidate
+    tensor = other(torch.randn(3, 2))
+    (copy,) = pool.private_copies([tensor])
+    assert (copy.dtype, copy.device, copy.stride()) == (
+        tensor.dtype,
+        tensor.device,
+        tensor.stride(),
+    )
+    if tensor.device.type != "meta":
+        assert torch.equal(copy, tensor)

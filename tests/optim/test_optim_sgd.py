@@ -136,3 +136,18 @@ def test_trace_leaves_no_autograd_history(nesterov):
     for _ in range(2):  # the first step copies the gradient, later ones accumulate it
         updates, state = t.update(g, state)
         assert not updates["w"].requires_grad and not state.momentum["w"].requires_grad
+
+
+def test_hyperparameter_errors_name_what_is_accepted():
+    """The message says what the argument takes (a schedule only where one is allowed) and the
+    bounds it must lie in (a half-open range where there is an upper bound)."""
+    from functrain import optim
+
+    with pytest.raises(TypeError, match=r"lr must be a number or a schedule `t -> float`, got"):
+        optim.sgd("fast")
+    with pytest.raises(TypeError, match=r"momentum must be a number \(schedule it with"):
+        optim.trace("x")
+    with pytest.raises(ValueError, match=r"beta1=1.5: it must be \[0.0, 1.0\)$"):
+        optim.scale_by_adam(b1=1.5)
+    with pytest.raises(ValueError, match=r"momentum=-1.0: it must be >= 0.0$"):
+        optim.sgd(0.1, momentum=-1.0)
