@@ -96,23 +96,4 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
 
 # Survivors that are not equivalent and not (yet) killed: why, so the next round can pick them up.
 # (Every entry of earlier rounds whose mutant a test now kills was removed; see MUTANTS.md.)
-NOT_KILLED: dict[tuple[str, int, str], str] = {
-    **{
-        ("functrain/optim/_foreach.py", line, op): (
-            "a DTensor-only branch (the local-piece path of `fe`, or `copy_into`'s per-tensor "
-            "copy, which gives plain tensors the same values): `_foreach.py`'s selection (the sgd "
-            "and adam files) has no DTensor test; not planted against "
-            "tests/optim/test_optim_distributed.py in the time of round 3"
-        )
-        for line, op in (
-            (57, "core/ReplaceComparisonOperator_IsNot_Is"),
-            (88, "core/AddNot"),
-            (101, "core/AddNot"),
-        )
-    },
-    ("functrain/optim/_foreach.py", 112, "core/AddNot"): (
-        "`zeros_like(inplace=...)` inverted: its callers (accumulation, masking) are outside "
-        "`_foreach.py`'s selection; their test files are the likely killers, not checked in the "
-        "time of round 3"
-    ),
-}
+NOT_KILLED: dict[tuple[str, int, str], str] = {}
