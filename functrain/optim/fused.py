@@ -36,7 +36,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +44,7 @@ import torch
 from ._foreach import is_dtensor, placed_alike
 from .adam import ScaleByAdamState, ScaleByAmsgradState
 from .base import EmptyState
+from .fused_cache import FusedCache
 from .hyperparams import InjectHyperparamsState
 from .kernels import run_recipe
 from .lion import ScaleByLionState
@@ -376,58 +376,6 @@ def _columns(names: list[str], trees: list, local: bool) -> list[list[torch.Tens
     if local:
         return [[_local(tree[name]) for name in names] for tree in trees]
     return [[tree[name] for name in names] for tree in trees]
-
-
-class FusedCache:
-    """What `fused_update` decided about a set of tensors, kept for the next calls on them.
-
-    The grouping of parameters into kernel calls (and a decay mask's selection) depends on the
-    parameters and moments, not on their values, so a step that updates the same tensors in
-    place every call (a donating step) decides it once. An entry is found by the identity of
-    those tensors through weak references: it keeps nothing alive, and a tensor that died
-    cannot be mistaken for a new one. A performance cache: results never depend on it.
-
-    Not for a pure step's private buffers: `functrain.optim.buffers` recycles a buffer only
-    when nothing, a weak reference included, refers to it.
-
-    Example:
-        >>> cache = FusedCache()
-        >>> state = fused_update(opt, grads, state, params, cache=cache)   # decides, stores
-        >>> state = fused_update(opt, grads, state, params, cache=cache)   # reuses
-    """
-
-    def __init__(self) -> None:
-        self._entry: tuple | None = None  # (names, decision, weak references, layout)
-
-    def lookup(
-        self, params: Mapping, moments: list, names: list[str], decision: tuple
-    ) -> list | None:
-        """The stored layout for exactly these tensors, names and `(decays, mask)`, or None."""
-        entry = self._entry
-        if entry is None:
-            return None
-        known_names, (decays, mask), refs, layout = entry
-        if known_names != tuple(names) or decays != decision[0] or mask is not decision[1]:
-            return None
-        tensors = _tensors(params, moments, names)
-        if len(refs) != len(tensors) or not all(r() is t for r, t in zip(refs, tensors)):
-            return None
-        return layout
-
-    def store(
-        self, params: Mapping, moments: list, names: list[str], decision: tuple, layout: list
-    ) -> None:
-        """Remember `layout` for these tensors (in place of what was stored)."""
-        refs = [weakref.ref(t) for t in _tensors(params, moments, names)]
-        self._entry = (tuple(names), decision, refs, layout)
-
-    def clear(self) -> None:
-        """Forget what is stored."""
-        self._entry = None
-
-
-def _tensors(params: Mapping, moments: list, names: list[str]) -> list:
-    return [params[k] for k in names] + [tree[k] for tree in moments for k in names]
 
 
 def why_not_fused(transform: Any, params: Mapping[str, torch.Tensor]) -> str | None:
