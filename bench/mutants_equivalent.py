@@ -91,6 +91,15 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "listed; when the key sets are equal that list is empty and nothing is raised, as when "
         "the `!=` shortcut skips it"
     ),
+    # ---- functional/, fourth round: augmentation and data (room fnA) ----
+    #
+    #
+    # ---- functional/, fourth round: surgery and layers (room fnB) ----
+    #
+    #
+    # ---- functional/, fourth round: sequence models and training (room fnC) ----
+    #
+    #
 }
 
 
