@@ -91,6 +91,15 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "listed; when the key sets are equal that list is empty and nothing is raised, as when "
         "the `!=` shortcut skips it"
     ),
+    ("functrain/optim/fused.py", 162, "core/NumberReplacer"): (
+        "`new[-1]` for `new[0]`: the rebuild of a single leaf is given the one-element list of "
+        "that leaf's new state, whose last element is its first"
+    ),
+    ("functrain/optim/fused.py", 421, "core/NumberReplacer"): (
+        '`fused_plan` evaluates a schedule in epochs or "dur" at batch 0 of a stand-in horizon '
+        "to see which kernels would run: at batch 0 the elapsed fraction is 0 whatever the "
+        "horizon (1 or 2 batches), so every schedule gives its start value and the plan is the same"
+    ),
     # ---- functional/, fourth round: augmentation and data (room fnA) ----
     #
     #

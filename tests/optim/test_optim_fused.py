@@ -492,3 +492,18 @@ def test_every_spec_is_frozen():
         field = dataclasses.fields(s)[0].name
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(s, field, getattr(s, field))
+
+
+def test_a_coupled_decay_after_the_learning_rate_is_not_fused():
+    # the kernels apply a coupled decay to the gradient before the learning rate: after it, the
+    # decay is added to the step unscaled, which no kernel computes
+    params = {"w": torch.ones(3)}
+    late = optim.chain(
+        optim.scale_by_adam(), optim.scale_by_learning_rate(0.1), optim.add_decayed_weights(0.01)
+    )
+    assert optim.fused_plan(late, params) is None
+    assert "after the learning rate" in optim.why_not_fused(late, params)
+    early = optim.chain(
+        optim.add_decayed_weights(0.01), optim.scale_by_adam(), optim.scale_by_learning_rate(0.1)
+    )
+    assert optim.fused_plan(early, params) is not None

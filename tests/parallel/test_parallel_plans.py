@@ -311,3 +311,35 @@ def test_meta_model_is_placed_one_module_at_a_time(mesh1):
     plans.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=0)
     # resetting the second Linear: the first is already placed
     assert seen == [[False], [True]]
+
+
+def test_bucket_default_is_ddps_25_mb():
+    # torch DDP's bucket_cap_mb default (25 MiB); every data-parallel plan starts from it
+    assert plans.ddp().bucket_mb == plans.fsdp().bucket_mb == plans.Plan("x").bucket_mb == 25.0
+
+
+def test_default_placement_keeps_a_given_mesh():
+    given = object()  # any mesh value: default_placement only passes it through
+    assert plans.default_placement(given, "fsdp") == (given, "fsdp")
+    assert plans.default_placement(given, None) == (given, None)
+
+
+def test_local_plan_takes_no_mesh():
+    assert plans.default_placement(None, "local") == (None, None)
+    assert plans.default_placement(None, "LOCAL") == (None, None)
+    with pytest.raises(ValueError, match="takes no mesh"):
+        plans.default_placement(object(), "local")
+
+
+def test_a_parameter_after_an_empty_slot_is_placed_too(mesh1):
+    # MultiheadAttention with kdim != embed_dim registers in_proj_weight=None *before*
+    # in_proj_bias: a walk that stops at the empty slot would lose the bias
+    torch.manual_seed(0)
+    model = nn.MultiheadAttention(8, 2, kdim=4, vdim=4)
+    assert list(model._parameters)[:5] == [
+        "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_weight", "in_proj_bias"
+    ]  # fmt: skip
+    bias = model.in_proj_bias.detach().clone()
+    state = functrain.init(model, functrain.optim.sgd(0.1), seed=0, mesh=mesh1, plan="fsdp")
+    assert isinstance(model.in_proj_bias, DTensor)
+    assert torch.equal(state.params["in_proj_bias"].full_tensor(), bias)
