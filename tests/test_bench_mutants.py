@@ -105,3 +105,27 @@ def test_survivors_rerun_refuses_to_keep_a_survivor_it_did_not_find_again():
         mutants._check_rerun("m.py", recorded, rerun)
     rerun.append({"line": 213, "diff": json.loads(json.dumps("-t = t + u\n+t = t >> u\n"))})
     mutants._check_rerun("m.py", recorded, rerun)  # every survivor found again: no error
+
+
+def test_the_catalogue_covers_every_core_module_with_existing_tests():
+    """Issue 17's core: optim/, schedules/, functional/ whole, and the named modules. A module
+    added there without an entry would never be measured; an entry whose test file was renamed
+    would make every mutant "killed" by a collection error."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.mutants import CATALOGUE
+    finally:
+        sys.path.remove(str(ROOT))
+    core = {
+        p.relative_to(ROOT).as_posix()
+        for package in ("optim", "schedules", "functional")
+        for p in (ROOT / "functrain" / package).glob("*.py")
+        if p.name != "__init__.py"
+    }
+    core |= {f"functrain/{m}.py" for m in ("step", "step_grads", "step_plan", "pieces", "data",
+                                           "time", "checkpoint/writer", "checkpoint/reader",
+                                           "parallel/compute", "parallel/plans")}  # fmt: skip
+    assert sorted(core - set(CATALOGUE)) == []
+    for module, tests in CATALOGUE.items():
+        assert (ROOT / module).is_file(), module
+        assert tests and all((ROOT / t).is_file() for t in tests), (module, tests)
