@@ -94,6 +94,9 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     # ---- functional/, fourth round: augmentation and data (room fnA) ----
     #
     #
+    ("functrain/functional/batch.py", 117, "core/ReplaceComparisonOperator_Gt_NotEq"): (
+        "`x.dim() != 0` for `x.dim() > 0`: a tensor's number of dimensions is never negative"
+    ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #
     #

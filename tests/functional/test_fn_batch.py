@@ -58,3 +58,21 @@ def test_take_indexes_every_batch_sized_leaf_and_carries_the_rest():
     assert num_rows(tree) == 4
     with pytest.raises(ValueError, match="batch dimension"):
         num_rows(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("key", [2, -3])
+def test_a_key_one_past_either_end_gets_the_batch_message_not_pythons(key):
+    # Python's own IndexError ("tuple index out of range") would not name the fix
+    with pytest.raises(IndexError, match=r"batch of 2 items; pass input_key="):
+        get_item((1, 2), key)
+    with pytest.raises(IndexError, match=r"batch of 2 items; pass input_key="):
+        set_item([1, 2], key, 0)
+    assert get_item((1, 2), key + (-1 if key > 0 else 1)) == (2 if key > 0 else 1)
+
+
+def test_num_rows_skips_leading_scalars_and_0d_tensors():
+    assert num_rows((0.5, torch.arange(3))) == 3
+    assert num_rows({"a": torch.tensor(1.0), "b": torch.zeros(5, 2)}) == 5
+    assert num_rows([torch.zeros(2, 3), torch.zeros(7)]) == 2  # the first batched tensor wins
+    with pytest.raises(ValueError, match="batch dimension"):
+        num_rows((0.5, torch.tensor(2.0)))
