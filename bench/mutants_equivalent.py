@@ -97,6 +97,21 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     ("functrain/functional/batch.py", 117, "core/ReplaceComparisonOperator_Gt_NotEq"): (
         "`x.dim() != 0` for `x.dim() > 0`: a tensor's number of dimensions is never negative"
     ),
+    ("functrain/functional/augmentation_chains.py", 47, "core/ReplaceComparisonOperator_Eq_LtE"): (
+        "`rows.numel() <= 0` for `== 0`: a tensor's element count is never negative"
+    ),
+    **{
+        ("functrain/functional/augmix.py", line, operator): (
+            "the default `depth=-1` becomes -2, 0 or False (`~1`, `-0`, `not 1`): AugMix reads "
+            "only `depth > 0`, and every depth <= 0 means 'draw 1, 2 or 3 per chain' (the "
+            "documented Composer convention), so the draws and the output are the same"
+        )
+        for line, operator in (
+            (37, "core/ReplaceUnaryOperator_USub_Invert"),
+            (93, "core/NumberReplacer"),
+            (93, "core/ReplaceUnaryOperator_USub_Not"),
+        )
+    },
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #
     #
