@@ -112,6 +112,12 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
             (93, "core/ReplaceUnaryOperator_USub_Not"),
         )
     },
+    ("functrain/functional/progressive_resizing.py", 65, "core/ReplaceComparisonOperator_LtE_Lt"): (
+        "`size - cropped < 0` for `<= 0` in the private `_crop_offsets`: its one caller "
+        "(`resize_batch`, crop mode) passes `cropped = int(scale_factor * size)` with "
+        "0 < scale_factor < 1 (scale >= 1 returns early), and a float product `s * n` with s < 1 "
+        "never rounds up to the integer n, so `size - cropped >= 1` and the branch never runs"
+    ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #
     #
