@@ -75,3 +75,16 @@ def test_a_single_2d_image_is_cut_and_a_1d_tensor_is_refused():
     assert out.shape == (3, 2)
     with pytest.raises(ValueError, match=r"expects images \(..., H, W\), got shape \(5,\)"):
         colout_batch(torch.zeros(5), generator=torch.Generator())
+
+
+def test_auto_compares_the_last_two_dimensions_of_any_rank():
+    seg = torch.rand(1, 5, 6)
+    assert should_resize_target((torch.rand(3, 5, 6), seg), "auto")  # one (C, H, W) image
+    video = torch.rand(2, 3, 4, 5, 6)  # (N, C, D, H, W)
+    assert should_resize_target((video, torch.rand(2, 4, 5, 6)), "auto")
+
+
+@pytest.mark.parametrize("p_row, p_col", [(-0.5, 0.1), (0.1, -0.01), (0.1, 1.01)])
+def test_drop_fractions_outside_0_1_are_refused(p_row, p_col):
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        colout_batch(torch.rand(1, 1, 4, 4), p_row, p_col, generator=torch.Generator())

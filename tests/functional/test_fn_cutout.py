@@ -124,3 +124,24 @@ def test_a_single_non_square_image_is_cut_in_its_own_height_and_width():
     expected = x.clone()
     expected[:, 3:5, 0:2] = 0
     assert torch.equal(out, expected)
+
+
+def test_cutout_mask_defaults_to_one_hole_of_half_the_shorter_side():
+    g = torch.Generator().manual_seed(5)
+    expected = _hand_mask(8, 10, 4, _replayed_centres(5, 1, 0, 8, 0, 10))
+    assert torch.equal(cutout_mask(8, 10, generator=g), expected)
+    assert int((expected == 0).sum()) > 0
+
+
+def test_many_explicit_centres_and_a_single_2d_image():
+    # a count beyond Python's small-int cache: compared by value, not identity
+    centers = [(0, 0)] * 300
+    corner = torch.ones(4, 4)
+    corner[0, 0] = 0
+    assert torch.equal(cutout_mask(4, 4, 300, 0.5, centers=centers), corner)
+    x = torch.arange(1.0, 17.0).view(4, 4)  # (H, W): no channel dimension
+    expected = x.clone()
+    expected[0:2, 2:4] = 0
+    assert torch.equal(cutout_batch(x, centers=[(1, 3)]), expected)
+    with pytest.raises(ValueError, match=r"images \(..., H, W\)"):
+        cutout_batch(torch.ones(4), centers=[(1, 1)])
