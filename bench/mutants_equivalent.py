@@ -106,10 +106,11 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
             "only `depth > 0`, and every depth <= 0 means 'draw 1, 2 or 3 per chain' (the "
             "documented Composer convention), so the draws and the output are the same"
         )
-        for line, operator in (
-            (37, "core/ReplaceUnaryOperator_USub_Invert"),
-            (93, "core/NumberReplacer"),
-            (93, "core/ReplaceUnaryOperator_USub_Not"),
+        for line in (37, 93)
+        for operator in (
+            "core/ReplaceUnaryOperator_USub_Invert",
+            "core/NumberReplacer",
+            "core/ReplaceUnaryOperator_USub_Not",
         )
     },
     ("functrain/functional/progressive_resizing.py", 65, "core/ReplaceComparisonOperator_LtE_Lt"): (
@@ -117,6 +118,22 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "(`resize_batch`, crop mode) passes `cropped = int(scale_factor * size)` with "
         "0 < scale_factor < 1 (scale >= 1 returns early), and a float product `s * n` with s < 1 "
         "never rounds up to the integer n, so `size - cropped >= 1` and the branch never runs"
+    ),
+    ("functrain/functional/progressive_resizing.py", 65, "core/NumberReplacer"): (
+        "`size - cropped <= -1` (the seed-1 draw) is `< 0`: equivalent for the reason above "
+        "(`size - cropped >= 1`); the other draw, `<= 1`, skips the draw of a one-offset range and "
+        "is killed by test_the_crop_corner_is_drawn_top_then_left_over_all_valid_offsets"
+    ),
+    ("functrain/functional/augmentation_primitives.py", 171, "core/NumberReplacer"): (
+        "`(hist > -1).sum(1) <= 1` (the seed-1 draw) is never true and `... <= 0` never for a "
+        "non-empty image, leaving `keep = step == 0`; the clause they drop (at most one non-empty "
+        "level) implies `step == 0` anyway, since then `total == last_count`. The other draws "
+        "(`hist > 1`, `<= 2`) are killed by the equalize known pairs"
+    ),
+    ("functrain/functional/augmentation_primitives.py", 257, "core/ReplaceAndWithOr"): (
+        "`h > 2 or w > 2` also runs the smoothing when one side is <= 2, but then the interior "
+        "slice `[1:-1, 1:-1]` is empty (as are the nine shifted views), so nothing is written "
+        "and `smooth` stays the copy of the image, as when the branch is skipped"
     ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #

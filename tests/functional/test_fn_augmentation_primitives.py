@@ -293,3 +293,46 @@ def test_the_unit_range_is_clipped_and_otherwise_kept():
     expected = torch.tensor([0.0, 0.0, 0.25, 0.75, 1.0, 1.0]).view(1, 1, 2, 3)
     assert torch.equal(ap.to_unit_range(x, (0.0, 1.0)), expected)
     assert torch.equal(ap.to_unit_range(x * 2 - 1, (-1.0, 1.0)), expected)
+
+
+def test_equalize_known_pairs_and_pil_on_images_large_enough_to_change():
+    import numpy as np
+
+    # two levels, 450 pixels each: PIL's step is 450 // 255 = 1, so level 10 maps to the count
+    # below it (0) and level 200 to 450, clipped to 255: the image becomes black and white
+    two = torch.full((1, 1, 30, 30), 10 / 255, dtype=torch.float64)
+    two[..., 15:, :] = 200 / 255
+    out = torch.round(ap.equalize(two) * 255)
+    assert torch.equal(out[..., :15, :], torch.zeros(1, 1, 15, 30, dtype=torch.float64))
+    assert torch.equal(out[..., 15:, :], torch.full((1, 1, 15, 30), 255.0, dtype=torch.float64))
+    # fewer than 256 pixels below the last level: PIL's step is 0 and nothing changes
+    small = two[..., 10:20, :20]
+    assert torch.equal(ap.equalize(small), small)
+    # a random 24x24 image (576 pixels per channel, step 2) matches PIL exactly
+    array = np.random.default_rng(4).integers(30, 160, (24, 24, 3), dtype=np.uint8)
+    expected = np.asarray(ImageOps.equalize(PIL.fromarray(array)))
+    images = torch.from_numpy(array.copy()).permute(2, 0, 1)[None].double() / 255
+    got = (ap.equalize(images)[0].permute(1, 2, 0) * 255).round().numpy().astype(np.uint8)
+    np.testing.assert_array_equal(got, expected)
+    assert np.abs(got.astype(int) - array).max() > 50  # equalized, not the identity
+
+
+def test_equalize_by_hand_with_one_crowded_level_and_a_step_of_exactly_one():
+    import numpy as np
+
+    # levels 0..255 once each plus 44 more zeros (15 x 20 pixels): step (300 - 1) // 255 = 1, so
+    # level k > 0 maps to the 45 + (k - 1) pixels below it, clipped at 255; 0 stays 0
+    first = torch.cat([torch.arange(256), torch.zeros(44, dtype=torch.long)])
+    crowded = (first.double() / 255).view(1, 1, 15, 20)
+    expected = torch.where(first > 0, (44 + first).clamp(max=255), 0).double()
+    got = torch.round(ap.equalize(crowded) * 255).flatten()
+    assert torch.equal(got, expected)
+    # 100 zeros, 155 at 128, one 255 (16 x 16): step exactly 255 // 255 = 1, 128 -> 100
+    levels = torch.cat([torch.zeros(100), torch.full((155,), 128.0), torch.tensor([255.0])])
+    got = torch.round(ap.equalize((levels.double() / 255).view(1, 1, 16, 16)) * 255).flatten()
+    assert torch.equal(got, torch.where(levels == 128, 100.0, levels).double())
+    for values, shape in ((first, (15, 20)), (levels, (16, 16))):  # and PIL agrees
+        array = values.to(torch.uint8).view(*shape, 1).expand(*shape, 3).numpy().copy()
+        images = torch.from_numpy(array).permute(2, 0, 1)[None].double() / 255
+        ours = (ap.equalize(images)[0].permute(1, 2, 0) * 255).round().numpy().astype(np.uint8)
+        np.testing.assert_array_equal(ours, np.asarray(ImageOps.equalize(PIL.fromarray(array))))

@@ -85,13 +85,17 @@ def test_the_defaults_are_three_chains_at_severity_3_on_unit_float_images(fn):
     torch.testing.assert_close(out, x)  # a convex mix of copies of x is x
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_the_default_depth_draws_1_2_or_3_links_per_chain_and_image(seed):
+@pytest.mark.parametrize("depth", [None, 0, -3], ids=["default", "0", "-3"])
+@pytest.mark.parametrize("fn", [augmix_batch, augmix_image])
+@pytest.mark.parametrize("seed", range(2))
+def test_the_default_depth_draws_1_2_or_3_links_per_chain_and_image(seed, fn, depth):
     n, calls = 12, []
-    out = augmix_batch(
+    kwargs = {} if depth is None else {"depth": depth}  # every depth <= 0 draws, as -1 does
+    out = fn(
         torch.rand(n, 1, 2, 2),
         augmentation_set=[_recording(calls)],
         generator=torch.Generator().manual_seed(seed),
+        **kwargs,
     )
     assert out.shape == (n, 1, 2, 2)
     # replay the documented draws: the NumPy seed, then per chain the depths U{1, 2, 3} and per
@@ -109,17 +113,19 @@ def test_the_default_depth_draws_1_2_or_3_links_per_chain_and_image(seed):
     assert set(torch.cat(all_depths).tolist()) == {1, 2, 3}
 
 
-@pytest.mark.parametrize("alpha", [0.5, 2.0])
-def test_inverted_chains_mix_with_the_replayed_beta_weight(alpha):
+@pytest.mark.parametrize("fn", [augmix_batch, augmix_image])
+@pytest.mark.parametrize("alpha", [0.5, None, 2.0], ids=["0.5", "default", "2.0"])
+def test_inverted_chains_mix_with_the_replayed_beta_weight(alpha, fn):
     # every chain inverts (depth 1), so the Dirichlet weights sum to one copy of 1 - x and
     # augmix(x) = (1 - m) x + m (1 - x), m the Beta(alpha, alpha) draw after the Dirichlet's
     x = torch.rand(4, 3, 2, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    out = augmix_batch(
-        x, 3, 1, 2, alpha, [lambda im, lv, g: 1 - im], generator=torch.Generator().manual_seed(7)
-    )
+    kwargs = {} if alpha is None else {"alpha": alpha}
+    alpha = 1.0 if alpha is None else alpha  # the documented default
+    invert = [lambda im, lv, g: 1 - im]
+    out = fn(x, 3, 1, augmentation_set=invert, generator=torch.Generator().manual_seed(7), **kwargs)
     g = torch.Generator().manual_seed(7)
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=g)))
-    rng.dirichlet([alpha] * 2, size=4)
+    rng.dirichlet([alpha] * 3, size=4)
     m = torch.as_tensor(rng.beta(alpha, alpha, size=4), dtype=torch.float64).view(-1, 1, 1, 1)
     torch.testing.assert_close(out, (1 - m) * x + m * (1 - x))
 

@@ -89,6 +89,13 @@ def test_the_crop_corner_is_drawn_top_then_left_over_all_valid_offsets(seed):
     top = int(torch.randint(0, 6 - 3, (1,), generator=g))
     left = int(torch.randint(0, 9 - 4, (1,), generator=g))
     assert torch.equal(crop, x[..., top : top + 3, left : left + 4])
+    # one valid top offset (0) is still a draw: the left offset is the second draw
+    x = torch.rand(1, 1, 2, 9)
+    crop, _ = resize_batch(x, None, 0.5, mode="crop", generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    assert int(torch.randint(0, 1, (1,), generator=g)) == 0
+    left = int(torch.randint(0, 9 - 4, (1,), generator=g))
+    assert torch.equal(crop, x[..., 0:1, left : left + 4])
 
 
 def test_crop_of_non_square_images_and_targets_at_another_resolution():
@@ -110,3 +117,11 @@ def test_full_or_larger_scale_returns_the_batch_itself():
 def test_resize_targets_refuses_targets_that_are_not_images(target):
     with pytest.raises(ValueError, match=r"image-shaped targets \(N, H, W\)"):
         resize_batch(torch.rand(2, 3, 8, 8), target, 0.5, resize_targets=True)
+
+
+def test_crop_of_channel_free_images_and_float_targets_uses_their_last_two_dimensions():
+    x = torch.rand(2, 8, 12)  # (N, H, W) grayscale without a channel dimension
+    soft = torch.rand(2, 16, 24)  # a float (N, H, W) target (e.g. a soft mask), twice the size
+    small, soft_small = resize_batch(x, soft, 0.25, "crop", True, crop_offset=(2, 3))
+    assert torch.equal(small, x[:, 2:4, 3:6])
+    assert torch.equal(soft_small, soft[:, 4:8, 6:12])
