@@ -135,6 +135,22 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "slice `[1:-1, 1:-1]` is empty (as are the nine shifted views), so nothing is written "
         "and `smooth` stays the copy of the image, as when the branch is skipped"
     ),
+    ("functrain/functional/selective_backprop.py", 76, "core/NumberReplacer"): (
+        "`losses.shape[-1]` for `shape[0]` (the seed-1 draw): the line before refuses any `losses` "
+        "that is not 1-D, and a 1-D shape's first and last entries are the same"
+    ),
+    ("functrain/functional/selective_backprop.py", 101, "core/ReplaceComparisonOperator_Is_GtE"): (
+        "`p.kind >= p.VAR_KEYWORD` for `is`: parameter kinds are an IntEnum whose largest member "
+        "is VAR_KEYWORD (4), so `>=` holds exactly for VAR_KEYWORD itself"
+    ),
+    (
+        "functrain/functional/selective_backprop.py",
+        108,
+        "core/ReplaceComparisonOperator_Lt_NotEq",
+    ): (
+        "`scale_factor != 1` for `< 1`: a scale above 1 was refused at the top of the function, "
+        "so the remaining values that differ from 1 are exactly those below it"
+    ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #
     #

@@ -148,3 +148,11 @@ def test_a_loss_with_var_keywords_is_accepted_and_one_without_reduction_refused(
     torch.testing.assert_close(got, -torch.log_softmax(x, 1)[torch.arange(4), y])
     with pytest.raises(TypeError, match="must take a `reduction` keyword"):
         per_example_losses(x, y, lambda v: v, lambda out, t: F.cross_entropy(out, t))
+
+
+def test_selection_probabilities_by_hand():
+    # ranks at percentiles (i + 1/2) / n, weighted by p ** (1 / keep - 1), normalised
+    p = torch.tensor([0.125, 0.375, 0.625, 0.875], dtype=torch.float64)
+    torch.testing.assert_close(selection_probabilities(4, 0.5), p / p.sum())
+    torch.testing.assert_close(selection_probabilities(4, 0.25), p**3 / (p**3).sum())
+    torch.testing.assert_close(selection_probabilities(4, 1.0), torch.full((4,), 0.25).double())
