@@ -148,8 +148,8 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         108,
         "core/ReplaceComparisonOperator_Lt_NotEq",
     ): (
-        "`scale_factor != 1` for `< 1`: a scale above 1 was refused at the top of the function, "
-        "so the remaining values that differ from 1 are exactly those below it"
+        "`scale_factor != 1` for `< 1`: a scale outside (0, 1] (NaN included) was refused at the "
+        "top of the function, so the remaining values that differ from 1 are those below it"
     ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #

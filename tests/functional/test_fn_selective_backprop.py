@@ -156,3 +156,11 @@ def test_selection_probabilities_by_hand():
     torch.testing.assert_close(selection_probabilities(4, 0.5), p / p.sum())
     torch.testing.assert_close(selection_probabilities(4, 0.25), p**3 / (p**3).sum())
     torch.testing.assert_close(selection_probabilities(4, 1.0), torch.full((4,), 0.25).double())
+
+
+@pytest.mark.parametrize("scale", [1.5, 0.0, -0.5, float("nan")])
+def test_a_scale_outside_0_1_or_nan_is_refused(scale):
+    with pytest.raises(ValueError, match=r"scale_factor must be in \(0, 1\]"):
+        per_example_losses(
+            torch.rand(2, 1, 4, 4), None, lambda v: v, lambda o, t, reduction: o, scale
+        )
