@@ -151,6 +151,10 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`scale_factor != 1` for `< 1`: a scale outside (0, 1] (NaN included) was refused at the "
         "top of the function, so the remaining values that differ from 1 are those below it"
     ),
+    ("functrain/functional/selective_backprop.py", 101, "core/ReplaceComparisonOperator_Is_Eq"): (
+        "`p.kind == p.VAR_KEYWORD` for `is`: parameter kinds are enum members, singletons, and "
+        "an IntEnum member equals only itself among the kinds"
+    ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #
     #

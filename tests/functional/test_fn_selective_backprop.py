@@ -164,3 +164,15 @@ def test_a_scale_outside_0_1_or_nan_is_refused(scale):
         per_example_losses(
             torch.rand(2, 1, 4, 4), None, lambda v: v, lambda o, t, reduction: o, scale
         )
+
+
+def test_select_using_loss_keeps_half_by_default_drawn_by_loss_rank():
+    x = torch.tensor([3.0, 0.5, 2.0, 9.0, 1.0, 7.0, 4.0, 6.0]).view(8, 1)
+    y = torch.arange(8)
+    model, loss = (lambda v: v), (lambda out, t, reduction: out.flatten())  # loss = the input
+    new_x, new_y = select_using_loss(x, y, model, loss, generator=torch.Generator().manual_seed(3))
+    # replay: rank ascending by loss, draw 4 ranks without replacement, weights p ** (1/0.5 - 1)
+    ranked = torch.argsort(x.flatten())
+    p = (torch.arange(8, dtype=torch.float64) + 0.5) / 8
+    picks = torch.multinomial(p / p.sum(), 4, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(new_y, ranked[picks]) and torch.equal(new_x, x[ranked[picks]])
