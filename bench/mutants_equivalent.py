@@ -155,6 +155,15 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`p.kind == p.VAR_KEYWORD` for `is`: parameter kinds are enum members, singletons, and "
         "an IntEnum member equals only itself among the kinds"
     ),
+    ("functrain/functional/randaugment.py", 61, "core/ReplaceComparisonOperator_Eq_LtE"): (
+        "`depth <= 0` for `depth == 0` (the seed-1 draw): a negative depth was refused a few "
+        "lines above, so the two agree on every depth that reaches this line"
+    ),
+    ("functrain/functional/targets.py", 77, "core/NumberReplacer"): (
+        "`num_classes + 2` for `+ 1` (the seed-1 draw): the scratch tensor gets a second extra "
+        "class column that nothing is scattered into (indices go to 0..num_classes) and that "
+        "`narrow(dim, 0, num_classes)` drops with the first: one more column, the same result"
+    ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #
     #

@@ -76,3 +76,37 @@ def test_num_rows_skips_leading_scalars_and_0d_tensors():
     assert num_rows([torch.zeros(2, 3), torch.zeros(7)]) == 2  # the first batched tensor wins
     with pytest.raises(ValueError, match="batch dimension"):
         num_rows((0.5, torch.tensor(2.0)))
+
+
+def test_a_mapping_that_cannot_be_rebuilt_from_a_dict_comes_back_as_a_plain_dict():
+    from collections.abc import Mapping
+    from types import MappingProxyType
+
+    class Record(Mapping):  # built from keyword fields only: Record(dict) raises TypeError
+        def __init__(self, *, image, label):
+            self._items = {"image": image, "label": label}
+
+        def __getitem__(self, key):
+            return self._items[key]
+
+        def __iter__(self):
+            return iter(self._items)
+
+        def __len__(self):
+            return len(self._items)
+
+    record = Record(image=1, label=2)
+    new = set_item(record, "label", 5)
+    assert type(new) is dict and new == {"image": 1, "label": 5} and record["label"] == 2
+    proxy = MappingProxyType({"image": 1, "label": 2})  # rebuilds from a dict: keeps its type
+    new = set_item(proxy, "label", 5)
+    assert type(new) is MappingProxyType and dict(new) == {"image": 1, "label": 5}
+    assert proxy["label"] == 2
+
+
+def test_num_rows_and_take_on_a_bare_tensor_and_0d_leaves():
+    assert num_rows(torch.zeros(5, 2)) == 5  # the leading dimension, not another
+    assert torch.equal(take(torch.arange(6).view(3, 2), torch.tensor([2])), torch.tensor([[4, 5]]))
+    scalar = torch.tensor(2.0)
+    out = take((torch.arange(3), scalar), torch.tensor([1, 1]))
+    assert torch.equal(out[0], torch.tensor([1, 1])) and out[1] is scalar  # 0-d: carried

@@ -70,3 +70,10 @@ def test_validate_false_skips_the_checks_and_empty_indices_need_none():
     # an empty batch validates without reducing over nothing (max of an empty tensor raises)
     empty = one_hot(torch.zeros(0, dtype=torch.long), 4)
     assert empty.shape == (0, 4) and empty.dtype == torch.long
+
+
+def test_ranks_are_compared_by_value_even_beyond_the_small_int_cache():
+    # CPython shares one object per int only up to 256: rank 258 vs 257 + 1 must still match
+    outputs, targets = torch.zeros([1] * 258), torch.zeros([1] * 257, dtype=torch.long)
+    assert infer_target_type(outputs, targets) == "indices"
+    assert infer_target_type(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long)) == "indices"
