@@ -103,6 +103,76 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     # ---- functional/, fourth round: augmentation and data (room fnA) ----
     #
     #
+    ("functrain/functional/batch.py", 117, "core/ReplaceComparisonOperator_Gt_NotEq"): (
+        "`x.dim() != 0` for `x.dim() > 0`: a tensor's number of dimensions is never negative"
+    ),
+    ("functrain/functional/augmentation_chains.py", 47, "core/ReplaceComparisonOperator_Eq_LtE"): (
+        "`rows.numel() <= 0` for `== 0`: a tensor's element count is never negative"
+    ),
+    **{
+        ("functrain/functional/augmix.py", line, operator): (
+            "the default `depth=-1` becomes -2, 0 or False (`~1`, `-0`, `not 1`): AugMix reads "
+            "only `depth > 0`, and every depth <= 0 means 'draw 1, 2 or 3 per chain' (the "
+            "documented Composer convention), so the draws and the output are the same"
+        )
+        for line in (37, 93)
+        for operator in (
+            "core/ReplaceUnaryOperator_USub_Invert",
+            "core/NumberReplacer",
+            "core/ReplaceUnaryOperator_USub_Not",
+        )
+    },
+    ("functrain/functional/progressive_resizing.py", 65, "core/ReplaceComparisonOperator_LtE_Lt"): (
+        "`size - cropped < 0` for `<= 0` in the private `_crop_offsets`: its one caller "
+        "(`resize_batch`, crop mode) passes `cropped = int(scale_factor * size)` with "
+        "0 < scale_factor < 1 (scale >= 1 returns early), and a float product `s * n` with s < 1 "
+        "never rounds up to the integer n, so `size - cropped >= 1` and the branch never runs"
+    ),
+    ("functrain/functional/progressive_resizing.py", 65, "core/NumberReplacer"): (
+        "`size - cropped <= -1` (the seed-1 draw) is `< 0`: equivalent for the reason above "
+        "(`size - cropped >= 1`); the other draw, `<= 1`, skips the draw of a one-offset range and "
+        "is killed by test_the_crop_corner_is_drawn_top_then_left_over_all_valid_offsets"
+    ),
+    ("functrain/functional/augmentation_primitives.py", 171, "core/NumberReplacer"): (
+        "`(hist > -1).sum(1) <= 1` (the seed-1 draw) is never true and `... <= 0` never for a "
+        "non-empty image, leaving `keep = step == 0`; the clause they drop (at most one non-empty "
+        "level) implies `step == 0` anyway, since then `total == last_count`. The other draws "
+        "(`hist > 1`, `<= 2`) are killed by the equalize known pairs"
+    ),
+    ("functrain/functional/augmentation_primitives.py", 257, "core/ReplaceAndWithOr"): (
+        "`h > 2 or w > 2` also runs the smoothing when one side is <= 2, but then the interior "
+        "slice `[1:-1, 1:-1]` is empty (as are the nine shifted views), so nothing is written "
+        "and `smooth` stays the copy of the image, as when the branch is skipped"
+    ),
+    ("functrain/functional/selective_backprop.py", 76, "core/NumberReplacer"): (
+        "`losses.shape[-1]` for `shape[0]` (the seed-1 draw): the line before refuses any `losses` "
+        "that is not 1-D, and a 1-D shape's first and last entries are the same"
+    ),
+    ("functrain/functional/selective_backprop.py", 101, "core/ReplaceComparisonOperator_Is_GtE"): (
+        "`p.kind >= p.VAR_KEYWORD` for `is`: parameter kinds are an IntEnum whose largest member "
+        "is VAR_KEYWORD (4), so `>=` holds exactly for VAR_KEYWORD itself"
+    ),
+    (
+        "functrain/functional/selective_backprop.py",
+        108,
+        "core/ReplaceComparisonOperator_Lt_NotEq",
+    ): (
+        "`scale_factor != 1` for `< 1`: a scale outside (0, 1] (NaN included) was refused at the "
+        "top of the function, so the remaining values that differ from 1 are those below it"
+    ),
+    ("functrain/functional/selective_backprop.py", 101, "core/ReplaceComparisonOperator_Is_Eq"): (
+        "`p.kind == p.VAR_KEYWORD` for `is`: parameter kinds are enum members, singletons, and "
+        "an IntEnum member equals only itself among the kinds"
+    ),
+    ("functrain/functional/randaugment.py", 61, "core/ReplaceComparisonOperator_Eq_LtE"): (
+        "`depth <= 0` for `depth == 0` (the seed-1 draw): a negative depth was refused a few "
+        "lines above, so the two agree on every depth that reaches this line"
+    ),
+    ("functrain/functional/targets.py", 77, "core/NumberReplacer"): (
+        "`num_classes + 2` for `+ 1` (the seed-1 draw): the scratch tensor gets a second extra "
+        "class column that nothing is scattered into (indices go to 0..num_classes) and that "
+        "`narrow(dim, 0, num_classes)` drops with the first: one more column, the same result"
+    ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
     #
     #

@@ -93,8 +93,8 @@ def per_example_losses(
     scale_factor: float = 1.0,
 ) -> torch.Tensor:
     """Per-example losses from a forward pass without gradients (on downsampled inputs if asked)."""
-    if scale_factor > 1:
-        raise ValueError(f"scale_factor must be <= 1, got {scale_factor}")
+    if not 0 < scale_factor <= 1:  # written so that NaN is refused too
+        raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor}")
     if not callable(loss_fun):
         raise TypeError("loss_fun must be callable as loss_fun(outputs, targets, reduction='none')")
     params = inspect.signature(loss_fun).parameters

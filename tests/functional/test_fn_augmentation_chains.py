@@ -86,3 +86,22 @@ def test_one_image_or_a_batch(shape):
     out = on_image_or_batch(batch_fn, img, 2.0, offset=1.0)
     assert out.shape == img.shape and torch.equal(out, torch.full(shape, 3.0))
     assert calls == [(1, *shape) if len(shape) == 3 else shape]
+
+
+def test_an_operation_no_image_chose_is_not_called():
+    calls = []
+
+    def record(name):
+        def op(images, level, generator):
+            calls.append((name, images.shape[0]))
+            return images
+
+        return op
+
+    images = torch.zeros(3, 1, 1, 1)
+    ops = [record("a"), record("b"), record("c")]
+    apply_chain_step(images, torch.tensor([2, 0, 2]), ops, 3, None)
+    assert calls == [("a", 1), ("c", 2)]  # "b" drew no image: no call with an empty batch
+    calls.clear()
+    apply_chain_step(images, torch.tensor([1, 1, 1]), ops, 3, None, torch.zeros(3, dtype=bool))
+    assert calls == []  # no image active: nothing is called

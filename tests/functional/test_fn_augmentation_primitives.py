@@ -134,3 +134,205 @@ def test_a_constant_image_rotated_slightly_is_never_blended_with_black():
     assert set(np.unique(pil)) == {0, 200}
     assert (pil[0] == 200).mean() > 0.7  # most of the top row keeps its value
     assert np.array_equal(ours.round(), pil.astype(np.float64))
+
+
+# -- every sampled operation against PIL at the strength it drew ---------------------------------
+#
+# The strengths are replayed from the generator with Composer's formulas written out here
+# (`U(0.1, level)`, integer parameters truncated, a sign flip with probability 1/2, factors from
+# `U(1, level)` or `U(1 - 0.09 level, 1)`), then PIL applies that strength to each image.
+
+from PIL import ImageEnhance, ImageOps  # noqa: E402
+
+N_IMAGES, SEVERITY = 6, 8.5
+
+
+def _batch(seed=0):
+    import numpy as np
+
+    arrays = np.random.default_rng(seed).integers(0, 256, (N_IMAGES, 15, 18, 3), dtype=np.uint8)
+    images = torch.from_numpy(arrays.copy()).permute(0, 3, 1, 2).double() / 255
+    return arrays, images
+
+
+def _as_arrays(images):
+    return (images.permute(0, 2, 3, 1) * 255).numpy()
+
+
+def _rand(g):
+    return torch.rand(N_IMAGES, generator=g, dtype=torch.float64)
+
+
+def _level(g):
+    return 0.1 + (SEVERITY - 0.1) * _rand(g)
+
+
+def _sign(g):
+    return torch.where(_rand(g) > 0.5, -1.0, 1.0).double()
+
+
+def _symmetric(g):
+    upper = _rand(g) > 0.5
+    high = 1.0 + (SEVERITY - 1.0) * _rand(g)
+    low = (1.0 - 0.09 * SEVERITY) + 0.09 * SEVERITY * _rand(g)
+    return torch.where(upper, high, low)
+
+
+def _geometric_expectations(op, g, width, height):
+    """Per image, the PIL call of Composer's operation at the strength `op` draws, and that strength."""
+    s = _level(g)
+    if op is ap.rotate:
+        degrees = torch.trunc(s * 30 / 10) * _sign(g)
+        calls = [lambda im, d=float(d): im.rotate(d, resample=PIL.BILINEAR) for d in degrees]
+        return calls, degrees
+    if op in (ap.shear_x, ap.shear_y):
+        amount = s * 0.3 / 10 * _sign(g)
+        make = (
+            (lambda a: (1, a, 0, 0, 1, 0)) if op is ap.shear_x else (lambda a: (1, 0, 0, a, 1, 0))
+        )
+    else:
+        size = width if op is ap.translate_x else height
+        amount = torch.trunc(s * (size / 3) / 10) * _sign(g)
+        if op is ap.translate_x:
+            make = lambda p: (1, 0, p, 0, 1, 0)  # noqa: E731
+        else:
+            make = lambda p: (1, 0, 0, 0, 1, p)  # noqa: E731
+    calls = [
+        lambda im, m=make(float(a)): im.transform(im.size, PIL.AFFINE, m, PIL.BILINEAR)
+        for a in amount
+    ]
+    return calls, amount
+
+
+@pytest.mark.parametrize(
+    "op",
+    [ap.rotate, ap.shear_x, ap.shear_y, ap.translate_x, ap.translate_y],
+    ids=lambda o: o.__name__,
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_geometric_ops_match_pil_at_the_drawn_strength(op, seed):
+    import numpy as np
+
+    arrays, images = _batch(seed)
+    out = _as_arrays(op(images, SEVERITY, torch.Generator().manual_seed(seed)))
+    calls, strengths = _geometric_expectations(op, torch.Generator().manual_seed(seed), 18, 15)
+    for got, array, call in zip(out, arrays, calls, strict=True):
+        expected = np.asarray(call(PIL.fromarray(array))).astype(np.float64)
+        assert np.abs(got - expected).max() <= 1.0
+    # not the identity: every image that drew a non-zero strength moved (an integer strength
+    # can truncate to 0), and at least two did
+    moved = [bool(np.abs(got - a).max() > 20) for got, a in zip(out, arrays)]
+    assert moved == (strengths != 0).tolist() and sum(moved) >= 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_posterize_and_solarize_match_pil_at_the_drawn_strength(seed):
+    import numpy as np
+
+    arrays, images = _batch(seed)
+    g = torch.Generator().manual_seed(seed)
+    bits = 4 - torch.trunc(_level(g) * 4 / 10)
+    out = _as_arrays(ap.posterize(images, SEVERITY, torch.Generator().manual_seed(seed)))
+    for got, array, b in zip(out, arrays, bits, strict=True):
+        expected = np.asarray(ImageOps.posterize(PIL.fromarray(array), int(b)))
+        np.testing.assert_array_equal(got.round().astype(np.uint8), expected)
+    g = torch.Generator().manual_seed(seed)
+    thresholds = 256 - torch.trunc(_level(g) * 256 / 10)
+    assert bool((thresholds < 256).all())  # every image inverts some levels
+    out = _as_arrays(ap.solarize(images, SEVERITY, torch.Generator().manual_seed(seed)))
+    for got, array, t in zip(out, arrays, thresholds, strict=True):
+        expected = np.asarray(ImageOps.solarize(PIL.fromarray(array), int(t)))
+        np.testing.assert_array_equal(got.round().astype(np.uint8), expected)
+
+
+ENHANCE_OPS = [
+    (ap.color, ImageEnhance.Color, "symmetric"),
+    (ap.contrast, ImageEnhance.Contrast, "symmetric"),
+    (ap.brightness, ImageEnhance.Brightness, "symmetric"),
+    (ap.sharpness, ImageEnhance.Sharpness, "symmetric"),
+    (ap.color_original, ImageEnhance.Color, "original"),
+    (ap.contrast_original, ImageEnhance.Contrast, "original"),
+    (ap.brightness_original, ImageEnhance.Brightness, "original"),
+    (ap.sharpness_original, ImageEnhance.Sharpness, "original"),
+]
+
+
+@pytest.mark.parametrize(
+    "op, enhancer, kind", ENHANCE_OPS, ids=lambda x: getattr(x, "__name__", "")
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_enhance_ops_match_pil_at_the_drawn_factor(op, enhancer, kind, seed):
+    import numpy as np
+
+    arrays, images = _batch(seed)
+    g = torch.Generator().manual_seed(seed)
+    factors = _symmetric(g) if kind == "symmetric" else _level(g) * 1.8 / 10 + 0.1
+    if op is ap.brightness:  # Composer damps brightening: factor * 0.75 above 1
+        factors = torch.where(factors > 1, factors * 0.75, factors)
+    assert bool(((factors - 1).abs() > 1e-3).all())  # no image drew the identity
+    out = _as_arrays(op(images, SEVERITY, torch.Generator().manual_seed(seed)))
+    for got, array, f in zip(out, arrays, factors, strict=True):
+        expected = np.asarray(enhancer(PIL.fromarray(array)).enhance(float(f)))
+        # PIL rounds its gray/smoothed image to 8 bits (error <= 0.5) before blending, so its
+        # error grows with the factor's distance from 1, plus 0.5 for the final rounding
+        tolerance = 0.5 * abs(float(f) - 1) + 1.0
+        assert np.abs(got - expected.astype(np.float64)).max() <= tolerance
+
+
+def test_solarize_counts_a_value_halfway_to_the_threshold_as_the_threshold_level():
+    # level 0.1 draws exactly U(0.1, 0.1) = 0.1: threshold 256 - int(2.56) = 254. A float pixel
+    # halfway between levels 253 and 254 rounds (half up) to 254 and is inverted; just below is not
+    x = torch.tensor([253.5 / 255, 253.5 / 255 - 1e-9, 254 / 255, 200 / 255], dtype=torch.float64)
+    assert float(x[0] * 255) == 253.5  # the premise: exactly halfway in float64
+    out = ap.solarize(x.view(4, 1, 1, 1), 0.1, torch.Generator().manual_seed(0)).flatten()
+    torch.testing.assert_close(out, torch.stack([1 - x[0], x[1], 1 - x[2], x[3]]))
+
+
+def test_the_unit_range_is_clipped_and_otherwise_kept():
+    x = torch.tensor([-0.5, 0.0, 0.25, 0.75, 1.0, 1.5]).view(1, 1, 2, 3)
+    expected = torch.tensor([0.0, 0.0, 0.25, 0.75, 1.0, 1.0]).view(1, 1, 2, 3)
+    assert torch.equal(ap.to_unit_range(x, (0.0, 1.0)), expected)
+    assert torch.equal(ap.to_unit_range(x * 2 - 1, (-1.0, 1.0)), expected)
+
+
+def test_equalize_known_pairs_and_pil_on_images_large_enough_to_change():
+    import numpy as np
+
+    # two levels, 450 pixels each: PIL's step is 450 // 255 = 1, so level 10 maps to the count
+    # below it (0) and level 200 to 450, clipped to 255: the image becomes black and white
+    two = torch.full((1, 1, 30, 30), 10 / 255, dtype=torch.float64)
+    two[..., 15:, :] = 200 / 255
+    out = torch.round(ap.equalize(two) * 255)
+    assert torch.equal(out[..., :15, :], torch.zeros(1, 1, 15, 30, dtype=torch.float64))
+    assert torch.equal(out[..., 15:, :], torch.full((1, 1, 15, 30), 255.0, dtype=torch.float64))
+    # fewer than 256 pixels below the last level: PIL's step is 0 and nothing changes
+    small = two[..., 10:20, :20]
+    assert torch.equal(ap.equalize(small), small)
+    # a random 24x24 image (576 pixels per channel, step 2) matches PIL exactly
+    array = np.random.default_rng(4).integers(30, 160, (24, 24, 3), dtype=np.uint8)
+    expected = np.asarray(ImageOps.equalize(PIL.fromarray(array)))
+    images = torch.from_numpy(array.copy()).permute(2, 0, 1)[None].double() / 255
+    got = (ap.equalize(images)[0].permute(1, 2, 0) * 255).round().numpy().astype(np.uint8)
+    np.testing.assert_array_equal(got, expected)
+    assert np.abs(got.astype(int) - array).max() > 50  # equalized, not the identity
+
+
+def test_equalize_by_hand_with_one_crowded_level_and_a_step_of_exactly_one():
+    import numpy as np
+
+    # levels 0..255 once each plus 44 more zeros (15 x 20 pixels): step (300 - 1) // 255 = 1, so
+    # level k > 0 maps to the 45 + (k - 1) pixels below it, clipped at 255; 0 stays 0
+    first = torch.cat([torch.arange(256), torch.zeros(44, dtype=torch.long)])
+    crowded = (first.double() / 255).view(1, 1, 15, 20)
+    expected = torch.where(first > 0, (44 + first).clamp(max=255), 0).double()
+    got = torch.round(ap.equalize(crowded) * 255).flatten()
+    assert torch.equal(got, expected)
+    # 100 zeros, 155 at 128, one 255 (16 x 16): step exactly 255 // 255 = 1, 128 -> 100
+    levels = torch.cat([torch.zeros(100), torch.full((155,), 128.0), torch.tensor([255.0])])
+    got = torch.round(ap.equalize((levels.double() / 255).view(1, 1, 16, 16)) * 255).flatten()
+    assert torch.equal(got, torch.where(levels == 128, 100.0, levels).double())
+    for values, shape in ((first, (15, 20)), (levels, (16, 16))):  # and PIL agrees
+        array = values.to(torch.uint8).view(*shape, 1).expand(*shape, 3).numpy().copy()
+        images = torch.from_numpy(array).permute(2, 0, 1)[None].double() / 255
+        ours = (ap.equalize(images)[0].permute(1, 2, 0) * 255).round().numpy().astype(np.uint8)
+        np.testing.assert_array_equal(ours, np.asarray(ImageOps.equalize(PIL.fromarray(array))))

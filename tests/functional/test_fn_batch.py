@@ -58,3 +58,55 @@ def test_take_indexes_every_batch_sized_leaf_and_carries_the_rest():
     assert num_rows(tree) == 4
     with pytest.raises(ValueError, match="batch dimension"):
         num_rows(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("key", [2, -3])
+def test_a_key_one_past_either_end_gets_the_batch_message_not_pythons(key):
+    # Python's own IndexError ("tuple index out of range") would not name the fix
+    with pytest.raises(IndexError, match=r"batch of 2 items; pass input_key="):
+        get_item((1, 2), key)
+    with pytest.raises(IndexError, match=r"batch of 2 items; pass input_key="):
+        set_item([1, 2], key, 0)
+    assert get_item((1, 2), key + (-1 if key > 0 else 1)) == (2 if key > 0 else 1)
+
+
+def test_num_rows_skips_leading_scalars_and_0d_tensors():
+    assert num_rows((0.5, torch.arange(3))) == 3
+    assert num_rows({"a": torch.tensor(1.0), "b": torch.zeros(5, 2)}) == 5
+    assert num_rows([torch.zeros(2, 3), torch.zeros(7)]) == 2  # the first batched tensor wins
+    with pytest.raises(ValueError, match="batch dimension"):
+        num_rows((0.5, torch.tensor(2.0)))
+
+
+def test_a_mapping_that_cannot_be_rebuilt_from_a_dict_comes_back_as_a_plain_dict():
+    from collections.abc import Mapping
+    from types import MappingProxyType
+
+    class Record(Mapping):  # built from keyword fields only: Record(dict) raises TypeError
+        def __init__(self, *, image, label):
+            self._items = {"image": image, "label": label}
+
+        def __getitem__(self, key):
+            return self._items[key]
+
+        def __iter__(self):
+            return iter(self._items)
+
+        def __len__(self):
+            return len(self._items)
+
+    record = Record(image=1, label=2)
+    new = set_item(record, "label", 5)
+    assert type(new) is dict and new == {"image": 1, "label": 5} and record["label"] == 2
+    proxy = MappingProxyType({"image": 1, "label": 2})  # rebuilds from a dict: keeps its type
+    new = set_item(proxy, "label", 5)
+    assert type(new) is MappingProxyType and dict(new) == {"image": 1, "label": 5}
+    assert proxy["label"] == 2
+
+
+def test_num_rows_and_take_on_a_bare_tensor_and_0d_leaves():
+    assert num_rows(torch.zeros(5, 2)) == 5  # the leading dimension, not another
+    assert torch.equal(take(torch.arange(6).view(3, 2), torch.tensor([2])), torch.tensor([[4, 5]]))
+    scalar = torch.tensor(2.0)
+    out = take((torch.arange(3), scalar), torch.tensor([1, 1]))
+    assert torch.equal(out[0], torch.tensor([1, 1])) and out[1] is scalar  # 0-d: carried

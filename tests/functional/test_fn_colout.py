@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain.functional.colout import colout_batch
+from functrain.functional.colout import colout_batch, should_resize_target
 
 
 @settings(max_examples=40, deadline=None)
@@ -42,3 +42,49 @@ def test_zero_drop_is_the_identity_and_class_targets_are_left_alone():
         colout_batch(x, p_row=1.5)
     with pytest.raises(ValueError, match="resize_target"):
         colout_batch((x, x), resize_target="sometimes", generator=torch.Generator())
+
+
+def test_auto_resizes_only_an_image_sized_second_item_of_a_tuple():
+    x = torch.rand(5, 3, 5, 5)
+    seg = torch.rand(5, 5, 5)  # (N, H, W) segmentation target
+    assert should_resize_target((x, seg), "auto")
+    assert should_resize_target([x, seg, torch.arange(5)], "auto")  # extra items are ignored
+    # one-hot class targets (N, C) whose shape happens to be the images' (H, W): left alone
+    assert not should_resize_target((x, torch.eye(5)), "auto")
+    assert not should_resize_target((x, torch.rand(5, 4, 5)), "auto")  # another spatial size
+    assert not should_resize_target((x, torch.rand(5, 3, 4, 4)), "auto")
+    # not a pair: a bare batch tensor, a one-item tuple, a pair of equal-length vectors
+    assert not should_resize_target(x, "auto")
+    assert not should_resize_target((x,), "auto")
+    assert not should_resize_target((torch.zeros(4), torch.zeros(4)), "auto")
+    assert should_resize_target(x, True) and not should_resize_target((x, seg), False)
+
+
+def test_one_hot_targets_shaped_like_the_image_are_not_cut():
+    x = torch.arange(25.0).view(1, 1, 5, 5).expand(5, 1, 5, 5)
+    y = torch.eye(5)
+    out, out_y = colout_batch((x, y), kept_rows=[0, 2], kept_cols=[1, 3, 4])
+    assert out_y is y
+    assert torch.equal(out[0, 0], torch.tensor([[1.0, 3.0, 4.0], [11.0, 13.0, 14.0]]))
+
+
+def test_a_single_2d_image_is_cut_and_a_1d_tensor_is_refused():
+    x = torch.arange(12.0).view(3, 4)
+    assert torch.equal(colout_batch(x, kept_rows=[1], kept_cols=[0, 3]), torch.tensor([[4.0, 7.0]]))
+    out = colout_batch(x, 0.0, 0.5, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (3, 2)
+    with pytest.raises(ValueError, match=r"expects images \(..., H, W\), got shape \(5,\)"):
+        colout_batch(torch.zeros(5), generator=torch.Generator())
+
+
+def test_auto_compares_the_last_two_dimensions_of_any_rank():
+    seg = torch.rand(1, 5, 6)
+    assert should_resize_target((torch.rand(3, 5, 6), seg), "auto")  # one (C, H, W) image
+    video = torch.rand(2, 3, 4, 5, 6)  # (N, C, D, H, W)
+    assert should_resize_target((video, torch.rand(2, 4, 5, 6)), "auto")
+
+
+@pytest.mark.parametrize("p_row, p_col", [(-0.5, 0.1), (0.1, -0.01), (0.1, 1.01)])
+def test_drop_fractions_outside_0_1_are_refused(p_row, p_col):
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        colout_batch(torch.rand(1, 1, 4, 4), p_row, p_col, generator=torch.Generator())

@@ -52,3 +52,30 @@ def test_single_images_uint8_and_value_ranges():
         randaugment_batch(torch.rand(1, 1, 4, 4))
     with pytest.raises(ValueError, match="depth"):
         randaugment_batch(torch.rand(1, 1, 4, 4), depth=-1)
+
+
+def _recorder(calls):
+    def op(images, level, generator):
+        calls.append((level, images.clone()))
+        return images
+
+    return op
+
+
+@pytest.mark.parametrize(
+    "fn, x", [(randaugment_batch, (2, 1, 3, 3)), (randaugment_image, (1, 3, 3))]
+)
+def test_the_defaults_are_severity_9_depth_2_and_unit_float_images(fn, x):
+    calls = []
+    x = torch.rand(x, generator=torch.Generator().manual_seed(0))
+    out = fn(x, augmentation_set=[_recorder(calls)], generator=torch.Generator().manual_seed(0))
+    assert [level for level, _ in calls] == [9, 9]  # depth 2, each link at severity 9
+    # the default value range is [0, 1]: the operation sees the images as they are
+    batch = x if x.dim() == 4 else x.unsqueeze(0)
+    assert all(torch.equal(seen, batch) for _, seen in calls)
+    assert torch.equal(out, x)
+
+
+def test_an_empty_batch_is_returned_without_a_generator():
+    empty = torch.rand(0, 3, 4, 4)
+    assert randaugment_batch(empty) is empty
