@@ -95,7 +95,28 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     #
     #
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
-    #
+    ("functrain/functional/blurpool.py", 54, "core/ReplaceUnaryOperator_Delete_USub"): (
+        "`filter.shape[2:]` for `filter.shape[-2:]`: the check just above refuses every filter "
+        "that is not 4-D, and the last two sizes of a 4-D shape are its sizes from index 2"
+    ),
+    ("functrain/functional/blurpool.py", 57, "core/NumberReplacer"): (
+        "`filter.shape[1] == 1` for `filter.shape[0] == 1`: the check above makes shape[1] 1 and "
+        "shape[0] 1 or the input's channels, so the mutant also expands a (C, 1, kh, kw) filter "
+        "to (C, 1, kh, kw), which changes nothing"
+    ),
+    ("functrain/functional/blurpool.py", 57, "core/ReplaceAndWithOr"): (
+        "`or` for `and` in the depthwise expansion: the extra cases are a (1, 1, kh, kw) filter "
+        "on one channel and a (C, 1, kh, kw) filter on C channels (the only shapes the check "
+        "above lets through); expanding either to (C, 1, kh, kw) is a no-op"
+    ),
+    ("functrain/functional/blurpool.py", 195, "core/ReplaceComparisonOperator_Gt_NotEq"): (
+        "`max(stride) != 1` for `> 1`: they differ only for a stride below 1, which nn.Conv2d "
+        "stores but cannot run ('non-positive stride is not supported'), wrapped or not"
+    ),
+    ("functrain/functional/fused_layernorm.py", 46, "core/ReplaceComparisonOperator_IsNot_NotEq"): (
+        "`type(module) != nn.LayerNorm` for `is not`: classes compare by identity (torch's "
+        "module classes define no metaclass `__eq__`), so `!=` is `is not`"
+    ),
     #
     # ---- functional/, fourth round: sequence models and training (room fnC) ----
     #

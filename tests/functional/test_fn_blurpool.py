@@ -76,6 +76,7 @@ def test_nothing_to_replace_warns_and_bad_filter_errors():
         warnings.simplefilter("always")
         apply_blurpool(nn.Linear(2, 2))
     assert any("changed nothing" in str(w.message) for w in caught)
+    assert [w.filename for w in caught] == [__file__]  # stacklevel=2: the caller's line
     with pytest.raises(ValueError, match="odd"):
         blur_2d(torch.zeros(1, 1, 4, 4), filter=torch.ones(1, 1, 2, 2))
     with pytest.raises(TypeError, match="nn.Module"):
@@ -215,3 +216,15 @@ def test_a_per_channel_filter_filters_each_channel_with_its_own():
     expected[0, 0, 2, 2] = 1.0
     expected[0, 1, 1:4, 1:4] = torch.outer(TAPS, TAPS) / 16
     torch.testing.assert_close(blur_2d(x, filter=filt), expected, rtol=0, atol=1e-7)
+
+
+def test_apply_blurpool_blurs_before_the_strided_conv_by_default():
+    torch.manual_seed(3)
+    conv = nn.Conv2d(16, 4, 3, stride=2, padding=1)
+    new = apply_blurpool(nn.Sequential(conv))
+    assert new[0].blur_first and new[0].conv.stride == (2, 2)  # the cheap order
+    x = torch.randn(1, 16, 8, 8)
+    expected = torch.nn.functional.conv2d(
+        _hand_blur(x, 1), conv.weight, conv.bias, stride=2, padding=1
+    )
+    torch.testing.assert_close(new(x), expected, rtol=1e-5, atol=1e-5)
