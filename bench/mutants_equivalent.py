@@ -117,6 +117,19 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`type(module) != nn.LayerNorm` for `is not`: classes compare by identity (torch's "
         "module classes define no metaclass `__eq__`), so `!=` is `is not`"
     ),
+    ("functrain/functional/ghost_batchnorm.py", 36, "core/NumberReplacer"): (
+        "the momentum `factor` stays at its initial value only when the statistics are not "
+        "tracked, and then F.batch_norm gets no running statistics (None) to update: the factor "
+        "is never read"
+    ),
+    **{
+        ("functrain/functional/ghost_batchnorm.py", 55, operator): (
+            "`torch.cat` of the one-chunk list for `outs[0]` (`len(outs) == 0` / `< 1` never "
+            "hold: chunk() of a non-empty batch gives at least one chunk): cat of a single "
+            "tensor is a copy with the same values, dtype and shape, and passes the same gradients"
+        )
+        for operator in ("core/NumberReplacer", "core/ReplaceComparisonOperator_Eq_Lt")
+    },
     #
     # ---- functional/, fourth round: sequence models and training (room fnC) ----
     #

@@ -126,3 +126,17 @@ def test_wrong_norms_inputs_and_sizes_are_refused():
         with pytest.raises(ValueError, match="ghost_batch_size must be a positive int"):
             apply_ghost_batchnorm(nn.BatchNorm1d(2), bad)
     assert apply_ghost_batchnorm(nn.BatchNorm1d(2), 1).ghost_batch_size == 1
+
+
+def test_tracking_switched_off_after_construction_leaves_the_statistics_alone():
+    # torch's BatchNorm: with track_running_stats set to False later, training updates nothing
+    plain = nn.BatchNorm1d(2)
+    plain.track_running_stats = False
+    ghost = apply_ghost_batchnorm(plain, ghost_batch_size=2)
+    x = torch.randn(4, 2) + 3.0
+    plain(x)  # torch's own behaviour, for reference
+    ghost(x)
+    for bn in (plain, ghost.batchnorm):
+        assert torch.equal(bn.running_mean, torch.zeros(2))
+        assert torch.equal(bn.running_var, torch.ones(2))
+        assert int(bn.num_batches_tracked) == 0
