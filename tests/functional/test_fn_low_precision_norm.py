@@ -94,6 +94,7 @@ def test_layernorm_under_autocast_uses_its_eps():
     x = torch.randn(3, 6)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = new(x)
+    assert low.dtype == torch.bfloat16  # from a float32 input
     xb = x.bfloat16().double()
     mean = xb.mean(-1, keepdim=True)
     expected = (xb - mean) / ((xb - mean).square().mean(-1, keepdim=True) + 0.5).sqrt()
@@ -133,3 +134,26 @@ def test_every_composer_precision_name_and_the_warnings_caller():
         assert [type(m) for m in unchanged] == [nn.GroupNorm, Subclassed]
         assert caught[0].filename == __file__  # stacklevel: the caller of the surgery
     assert [type(m) for m in model] == [nn.GroupNorm, Subclassed]
+
+
+@pytest.mark.parametrize("kind", ["layer", "group"])
+def test_the_norm_kernel_runs_with_autocast_off(kind, monkeypatch):
+    # CUDA's autocast runs layer_norm and group_norm in float32 (CPU's leaves them alone), so
+    # the low-precision norm must call the kernel with autocast disabled, in the autocast dtype
+    import torch.nn.functional as F
+
+    name = f"{kind}_norm"
+    kernel, seen = getattr(F, name), []
+
+    def spy(x, *args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), x.dtype))
+        return kernel(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, name, spy)
+    norm = nn.LayerNorm(4) if kind == "layer" else nn.GroupNorm(2, 4)
+    new = (apply_low_precision_layernorm if kind == "layer" else apply_low_precision_groupnorm)(
+        norm
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        new(torch.randn(2, 4, 4))
+    assert seen == [(False, torch.bfloat16)]
