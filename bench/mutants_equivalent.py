@@ -130,6 +130,11 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         )
         for operator in ("core/NumberReplacer", "core/ReplaceComparisonOperator_Eq_Lt")
     },
+    ("functrain/functional/stochastic_depth.py", 130, "core/ReplaceComparisonOperator_Eq_GtE"): (
+        "`drop_distribution >= 'uniform'` for `==`: the check above lets only 'uniform' and "
+        "'linear' through, and 'linear' < 'uniform' as strings, so the branch is taken for "
+        "'uniform' alone, as with `==`"
+    ),
     #
     # ---- functional/, fourth round: sequence models and training (room fnC) ----
     #
