@@ -135,6 +135,21 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "'linear' through, and 'linear' < 'uniform' as strings, so the branch is taken for "
         "'uniform' alone, as with `==`"
     ),
+    **{
+        (module, line, "core/ReplaceFalseWithTrue"): (
+            "`full_matrices=True` in the SVD: only the leading `rank` columns of U and rows of "
+            "Vh are used, and those are the same singular vectors with or without the full "
+            "orthogonal completion (which is sliced away)"
+        )
+        for module, line in (
+            ("functrain/functional/factorize.py", 46),
+            ("functrain/functional/factorize_solvers.py", 114),
+        )
+    },
+    ("functrain/functional/factorize.py", 164, "core/ReplaceComparisonOperator_Is_Eq"): (
+        "`type(module) == nn.Linear` for `is`: classes compare by identity (no metaclass "
+        "`__eq__`), so `==` is `is`"
+    ),
     #
     # ---- functional/, fourth round: sequence models and training (room fnC) ----
     #

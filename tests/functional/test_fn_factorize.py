@@ -98,6 +98,7 @@ def test_the_speedup_rule_at_its_boundaries():
     assert not factorizing_could_speedup(nn.Linear(2, 6), 2)  # 16 > 12
     # Conv2d: r (in kh kw + out) < in out kh kw, with a non-square kernel
     assert factorizing_could_speedup(nn.Conv2d(2, 4, (1, 3)), 2)  # 2 (6 + 4) = 20 < 24
+    assert factorizing_could_speedup(nn.Conv2d(2, 4, (3, 1)), 2)  # the same, transposed
     assert not factorizing_could_speedup(nn.Conv2d(2, 2, 1), 1)  # 4 == 4
     assert not factorizing_could_speedup(nn.ReLU(), 1)
 
@@ -158,3 +159,4 @@ def test_rank_bounds_and_dtype():
     assert all(p.dtype == torch.float64 for p in double.parameters())
     no_bias = factorize_linear(nn.Linear(4, 4, bias=False), 2)
     assert no_bias.module1.bias is None
+    assert FactorizedLinear(4, 3, 2).module1.bias.shape == (3,)  # a bias by default, as Linear

@@ -228,3 +228,24 @@ def test_the_fit_sees_the_padding_modes_pixels_even_when_padding_only_one_side(p
     product = ours.Wa.reshape(2, -1).T @ ours.Wb.reshape(5, 2).T  # free of the SVD's signs
     torch.testing.assert_close(product, expected.Wa @ expected.Wb)
     torch.testing.assert_close(ours.bias, expected.bias)
+
+
+def test_without_padding_every_patch_lies_inside_the_image():
+    # a full-rank weight, so the fit depends on which patches it sees: the unpadded ones
+    g = torch.Generator().manual_seed(9)
+    weight = torch.randn(4, 2, 3, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(2, 2, 5, 6, generator=g, dtype=torch.float64)
+    rows = x.unfold(2, 3, 1).unfold(3, 3, 1).permute(0, 2, 3, 1, 4, 5).reshape(-1, 18)
+    a = weight.reshape(4, -1).T
+    expected = factorize_matrix(rows, rows @ a, a, rank=2)
+    ours = factorize_conv2d(x, weight, rank=2)  # no conv2d_kwargs: padding 0
+    product = ours.Wa.reshape(2, -1).T @ ours.Wb.reshape(4, 2).T
+    torch.testing.assert_close(product, expected.Wa @ expected.Wb)
+    torch.testing.assert_close(ours.bias, expected.bias)
+
+
+def test_wide_outputs_are_not_mistaken_for_a_shape_mismatch():
+    # sizes above 256 are distinct int objects in CPython: the shape check compares values
+    g = torch.Generator().manual_seed(10)
+    x, w = torch.randn(12, 3, generator=g), torch.randn(3, 300, generator=g)
+    assert factorize_matrix(x, x @ w, w, rank=2).Wb.shape == (2, 300)
