@@ -99,6 +99,10 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`filter.shape[2:]` for `filter.shape[-2:]`: the check just above refuses every filter "
         "that is not 4-D, and the last two sizes of a 4-D shape are its sizes from index 2"
     ),
+    ("functrain/functional/blurpool.py", 55, "core/ReplaceComparisonOperator_Eq_LtE"): (
+        "`kh % 2 <= 0` for `== 0`: a size is a nonnegative int, whose remainder by 2 is 0 or 1, "
+        "never below 0"
+    ),
     ("functrain/functional/blurpool.py", 57, "core/NumberReplacer"): (
         "`filter.shape[1] == 1` for `filter.shape[0] == 1`: the check above makes shape[1] 1 and "
         "shape[0] 1 or the input's channels, so the mutant also expands a (C, 1, kh, kw) filter "
@@ -108,6 +112,11 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`or` for `and` in the depthwise expansion: the extra cases are a (1, 1, kh, kw) filter "
         "on one channel and a (C, 1, kh, kw) filter on C channels (the only shapes the check "
         "above lets through); expanding either to (C, 1, kh, kw) is a no-op"
+    ),
+    ("functrain/functional/blurpool.py", 70, "core/ReplaceFalseWithTrue"): (
+        "blurmax_pool2d's `ceil_mode=True` default: the max runs at stride 1, where the output "
+        "size (H + 2p - d(k - 1) - 1) / 1 + 1 is an integer, so ceil and floor agree and no "
+        "extra window exists (the blur's size does not depend on it)"
     ),
     ("functrain/functional/blurpool.py", 195, "core/ReplaceComparisonOperator_Gt_NotEq"): (
         "`max(stride) != 1` for `> 1`: they differ only for a stride below 1, which nn.Conv2d "

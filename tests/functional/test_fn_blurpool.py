@@ -228,3 +228,20 @@ def test_apply_blurpool_blurs_before_the_strided_conv_by_default():
         _hand_blur(x, 1), conv.weight, conv.bias, stride=2, padding=1
     )
     torch.testing.assert_close(new(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_5x5_filter_keeps_the_size_and_centres_on_the_impulse():
+    # 'same' zero padding of kh // 2 = 2: the impulse's response is the filter, centred on it
+    filt = torch.arange(25.0).reshape(1, 1, 5, 5) / 300
+    out = blur_2d(_impulse(9, 4), filter=filt)
+    expected = torch.zeros(1, 1, 9, 9)
+    expected[..., 2:7, 2:7] = filt.flip(-1, -2)  # conv2d is a correlation: the impulse flips it
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-7)
+
+
+def test_blurconv_blurs_first_by_default_and_min_channels_is_16():
+    conv = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+    for blur in (BlurConv2d(nn.Conv2d(4, 4, 3, stride=2)), BlurConv2d.from_conv2d(conv)):
+        assert blur.blur_first and blur.conv.stride == (2, 2) and blur.blur_stride == 1
+    model = nn.Sequential(nn.Conv2d(15, 16, 3, stride=2), nn.Conv2d(16, 16, 3, stride=2))
+    assert [type(m).__name__ for m in apply_blurpool(model)] == ["Conv2d", "BlurConv2d"]
