@@ -182,3 +182,32 @@ def test_rate_bounds_and_methods_are_checked():
     with pytest.raises(ValueError, match=r"no 'Missing' block in the model; pass") as info:
         apply_stochastic_depth(nn.Sequential(nn.Linear(2, 2)), "Missing")
     assert "residual blocks here" not in str(info.value)  # none to list
+
+
+class _BranchOnly(nn.Module):  # half of the protocol: no shortcut
+    def residual_branch(self, x):
+        return x
+
+
+class _Protocol(_BranchOnly):  # the whole protocol, no torchvision attributes
+    def shortcut(self, x):
+        return x
+
+
+class _TorchvisionLayout(nn.Module):  # torchvision's attributes, no protocol methods
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)
+        self.conv2, self.bn2 = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)
+        self.relu, self.downsample = nn.ReLU(), None
+
+
+def test_half_a_protocol_is_refused_and_either_kind_of_block_is_listed():
+    with pytest.raises(TypeError, match=r"residual_branch\(x\) and shortcut\(x\)"):
+        StochasticBlock(_BranchOnly(), 0.1)
+    assert isinstance(StochasticBlock(_Protocol(), 0.1).block, _Protocol)
+    model = nn.Sequential(_Protocol(), _TorchvisionLayout(), _BranchOnly())
+    with pytest.raises(
+        ValueError, match=r"residual blocks here: \['_Protocol', '_TorchvisionLayout'\]"
+    ):
+        apply_stochastic_depth(model, "Missing")
