@@ -155,6 +155,18 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
             ("functrain/functional/factorize_solvers.py", 114),
         )
     },
+    **{
+        ("functrain/functional/factorize_solvers.py", line, "core/NumberReplacer"): (
+            "the `n_iters=3` default (Composer's) changed: n_iters is only validated (a positive "
+            "int); the solution is the exact optimum in one pass, whatever its value"
+        )
+        for line in (68, 150)
+    },
+    ("functrain/functional/factorize_solvers.py", 126, "core/NumberReplacer"): (
+        "of this line's numbers, `stride=1` (the one that survives; padding, dilation and groups "
+        "are killed): `_unfolded` deletes `stride` unread, since every position is a sample of "
+        "the regression whatever the layer's stride"
+    ),
     ("functrain/functional/factorize.py", 164, "core/ReplaceComparisonOperator_Is_Eq"): (
         "`type(module) == nn.Linear` for `is`: classes compare by identity (no metaclass "
         "`__eq__`), so `==` is `is`"

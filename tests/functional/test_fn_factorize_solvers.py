@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain.functional import factorize_conv2d, factorize_matrix, low_rank_factors
+from functrain.functional import (
+    LowRankSolution,
+    factorize_conv2d,
+    factorize_matrix,
+    low_rank_factors,
+)
 
 
 def _als_error(x, y, k, rounds=400, seed=0):
@@ -249,3 +254,34 @@ def test_wide_outputs_are_not_mistaken_for_a_shape_mismatch():
     g = torch.Generator().manual_seed(10)
     x, w = torch.randn(12, 3, generator=g), torch.randn(3, 300, generator=g)
     assert factorize_matrix(x, x @ w, w, rank=2).Wb.shape == (2, 300)
+
+
+def test_more_edges_of_the_rank_and_the_shapes():
+    g = torch.Generator().manual_seed(11)
+    x, w = torch.randn(30, 4, generator=g), torch.randn(4, 6, generator=g)
+    assert factorize_matrix(x, x @ w, w, rank=5).rank == -1  # k > D: nothing to gain either
+    assert factorize_matrix(x, x @ w, w, rank=0.01).rank == 1  # a tiny fraction: at least 1
+    whole = factorize_matrix(x, x @ w, w, rank=4)
+    assert whole.nmse == 0.0 and LowRankSolution().nmse == 0.0  # Composer's record default
+    for bad_x, bad_y in ((x[..., None], x @ w), (x, (x @ w)[..., None])):  # same N, 3-D
+        with pytest.raises(ValueError, match="one row per sample"):
+            factorize_matrix(bad_x, bad_y, w)
+
+
+def test_factorize_conv2d_defaults_to_a_quarter_of_the_fan_in():
+    g = torch.Generator().manual_seed(12)
+    x, w = torch.randn(2, 4, 6, 6, generator=g), torch.randn(12, 4, 3, 3, generator=g)
+    solution = factorize_conv2d(x, w)  # 0.25 of 4 * 3 * 3 = 9 latent channels
+    assert solution.rank == 9 and solution.Wa.shape == (9, 4, 3, 3)
+
+
+def test_a_progressive_conv_without_a_second_bias_is_rebuilt():
+    g = torch.Generator().manual_seed(13)
+    wa = torch.randn(3, 2, 3, 3, generator=g, dtype=torch.float64)
+    wb = torch.randn(5, 3, 1, 1, generator=g, dtype=torch.float64)
+    wa[2] = wa[1] - wa[0]  # rank 2
+    x = torch.randn(2, 2, 6, 6, generator=g, dtype=torch.float64)
+    solution = factorize_conv2d(x, wa, wb, rank=2)
+    original = F.conv2d(F.conv2d(x, wa), wb)
+    rebuilt = F.conv2d(F.conv2d(x, solution.Wa), solution.Wb, solution.bias)
+    torch.testing.assert_close(rebuilt, original)
