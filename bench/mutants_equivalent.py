@@ -174,7 +174,82 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`narrow(dim, 0, num_classes)` drops with the first: one more column, the same result"
     ),
     # ---- functional/, fourth round: surgery and layers (room fnB) ----
-    #
+    ("functrain/functional/blurpool.py", 54, "core/ReplaceUnaryOperator_Delete_USub"): (
+        "`filter.shape[2:]` for `filter.shape[-2:]`: the check just above refuses every filter "
+        "that is not 4-D, and the last two sizes of a 4-D shape are its sizes from index 2"
+    ),
+    ("functrain/functional/blurpool.py", 55, "core/ReplaceComparisonOperator_Eq_LtE"): (
+        "`kh % 2 <= 0` for `== 0`: a size is a nonnegative int, whose remainder by 2 is 0 or 1, "
+        "never below 0"
+    ),
+    ("functrain/functional/blurpool.py", 57, "core/NumberReplacer"): (
+        "`filter.shape[1] == 1` for `filter.shape[0] == 1`: the check above makes shape[1] 1 and "
+        "shape[0] 1 or the input's channels, so the mutant also expands a (C, 1, kh, kw) filter "
+        "to (C, 1, kh, kw), which changes nothing"
+    ),
+    ("functrain/functional/blurpool.py", 57, "core/ReplaceAndWithOr"): (
+        "`or` for `and` in the depthwise expansion: the extra cases are a (1, 1, kh, kw) filter "
+        "on one channel and a (C, 1, kh, kw) filter on C channels (the only shapes the check "
+        "above lets through); expanding either to (C, 1, kh, kw) is a no-op"
+    ),
+    ("functrain/functional/blurpool.py", 70, "core/ReplaceFalseWithTrue"): (
+        "blurmax_pool2d's `ceil_mode=True` default: the max runs at stride 1, where the output "
+        "size (H + 2p - d(k - 1) - 1) / 1 + 1 is an integer, so ceil and floor agree and no "
+        "extra window exists (the blur's size does not depend on it)"
+    ),
+    ("functrain/functional/blurpool.py", 195, "core/ReplaceComparisonOperator_Gt_NotEq"): (
+        "`max(stride) != 1` for `> 1`: they differ only for a stride below 1, which nn.Conv2d "
+        "stores but cannot run ('non-positive stride is not supported'), wrapped or not"
+    ),
+    ("functrain/functional/fused_layernorm.py", 46, "core/ReplaceComparisonOperator_IsNot_NotEq"): (
+        "`type(module) != nn.LayerNorm` for `is not`: classes compare by identity (torch's "
+        "module classes define no metaclass `__eq__`), so `!=` is `is not`"
+    ),
+    ("functrain/functional/ghost_batchnorm.py", 36, "core/NumberReplacer"): (
+        "the momentum `factor` stays at its initial value only when the statistics are not "
+        "tracked, and then F.batch_norm gets no running statistics (None) to update: the factor "
+        "is never read"
+    ),
+    **{
+        ("functrain/functional/ghost_batchnorm.py", 55, operator): (
+            "`torch.cat` of the one-chunk list for `outs[0]` (`len(outs) == 0` / `< 1` never "
+            "hold: chunk() of a non-empty batch gives at least one chunk): cat of a single "
+            "tensor is a copy with the same values, dtype and shape, and passes the same gradients"
+        )
+        for operator in ("core/NumberReplacer", "core/ReplaceComparisonOperator_Eq_Lt")
+    },
+    ("functrain/functional/stochastic_depth.py", 130, "core/ReplaceComparisonOperator_Eq_GtE"): (
+        "`drop_distribution >= 'uniform'` for `==`: the check above lets only 'uniform' and "
+        "'linear' through, and 'linear' < 'uniform' as strings, so the branch is taken for "
+        "'uniform' alone, as with `==`"
+    ),
+    **{
+        (module, line, "core/ReplaceFalseWithTrue"): (
+            "`full_matrices=True` in the SVD: only the leading `rank` columns of U and rows of "
+            "Vh are used, and those are the same singular vectors with or without the full "
+            "orthogonal completion (which is sliced away)"
+        )
+        for module, line in (
+            ("functrain/functional/factorize.py", 46),
+            ("functrain/functional/factorize_solvers.py", 114),
+        )
+    },
+    **{
+        ("functrain/functional/factorize_solvers.py", line, "core/NumberReplacer"): (
+            "the `n_iters=3` default (Composer's) changed: n_iters is only validated (a positive "
+            "int); the solution is the exact optimum in one pass, whatever its value"
+        )
+        for line in (68, 150)
+    },
+    ("functrain/functional/factorize_solvers.py", 126, "core/NumberReplacer"): (
+        "of this line's numbers, `stride=1` (the one that survives; padding, dilation and groups "
+        "are killed): `_unfolded` deletes `stride` unread, since every position is a sample of "
+        "the regression whatever the layer's stride"
+    ),
+    ("functrain/functional/factorize.py", 164, "core/ReplaceComparisonOperator_Is_Eq"): (
+        "`type(module) == nn.Linear` for `is`: classes compare by identity (no metaclass "
+        "`__eq__`), so `==` is `is`"
+    ),
     #
     # ---- functional/, fourth round: sequence models and training (room fnC) ----
     #

@@ -45,6 +45,12 @@ def blur_2d(x: torch.Tensor, stride=1, filter: torch.Tensor | None = None) -> to
     channels = x.shape[1]
     if filter is None:
         filter = binomial_filter_2d(x.dtype).to(x.device)
+    if filter.dim() != 4 or filter.shape[1] != 1 or filter.shape[0] not in (1, channels):
+        raise ValueError(
+            f"the blur filter must be (1, 1, kh, kw) or (C, 1, kh, kw) with C = {channels} (the "
+            f"input's channels), got {tuple(filter.shape)}; reshape a 2-D filter with "
+            "filter[None, None]"
+        )
     kh, kw = filter.shape[-2:]
     if kh % 2 == 0 or kw % 2 == 0:
         raise ValueError(f"the blur filter must have odd height and width, got {kh}x{kw}")
@@ -110,6 +116,7 @@ class BlurConv2d(nn.Module):
     Attributes:
         conv: the convolution (weights copied from the replaced module).
         blur_filter: `(C, 1, 3, 3)` binomial filter buffer.
+        blur_stride: the blur's stride: 1 before the conv, the conv's stride after it.
     """
 
     def __init__(self, conv: nn.Conv2d, blur_first: bool = True):
@@ -150,7 +157,7 @@ class BlurConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.blur_first:
-            return self.conv(blur_2d(x, stride=1, filter=self.blur_filter))
+            return self.conv(blur_2d(x, stride=self.blur_stride, filter=self.blur_filter))
         return blur_2d(self.conv(x), stride=self.blur_stride, filter=self.blur_filter)
 
 

@@ -129,6 +129,6 @@ def _applies(precision: Any, what: str) -> bool:
     warnings.warn(
         f"{what}(precision={name!r}) has no effect: low-precision norms matter only under "
         f"{' or '.join(LOW_PRECISIONS)}; the model is returned unchanged",
-        stacklevel=3,
+        stacklevel=4,  # _applies <- _replace_norms <- apply_low_precision_* <- the caller
     )
     return False

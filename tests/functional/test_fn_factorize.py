@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -85,3 +86,77 @@ def test_factorized_children_have_composers_names():
     # composer/algorithms/factorize/factorize_modules.py: module0 (to the latent), module1.
     assert set(conv.state_dict()) == {"module0.weight", "module1.weight", "module1.bias"}
     assert set(linear.state_dict()) == {"module0.weight", "module1.weight", "module1.bias"}
+
+
+# -- the speed-up rule at its boundaries, Composer's defaults, values against numpy's SVD ---------
+
+
+def test_the_speedup_rule_at_its_boundaries():
+    # Linear: r (in + out) < in out
+    assert factorizing_could_speedup(nn.Linear(4, 4), 1)  # 8 < 16
+    assert not factorizing_could_speedup(nn.Linear(4, 4), 2)  # 16 == 16
+    assert not factorizing_could_speedup(nn.Linear(2, 6), 2)  # 16 > 12
+    # Conv2d: r (in kh kw + out) < in out kh kw, with a non-square kernel
+    assert factorizing_could_speedup(nn.Conv2d(2, 4, (1, 3)), 2)  # 2 (6 + 4) = 20 < 24
+    assert factorizing_could_speedup(nn.Conv2d(2, 4, (3, 1)), 2)  # the same, transposed
+    assert not factorizing_could_speedup(nn.Conv2d(2, 2, 1), 1)  # 4 == 4
+    assert not factorizing_could_speedup(nn.ReLU(), 1)
+
+
+def test_composers_defaults():
+    # linears: min(in, out) >= 256, rank 128; convs: min(in, out) >= 256, rank 0.25 of it
+    model = nn.Sequential(
+        nn.Linear(256, 512), nn.Linear(255, 512), nn.Conv2d(256, 256, 1), nn.Conv2d(256, 255, 1)
+    )
+    new = apply_factorization(model)
+    assert [type(m).__name__ for m in new] == [
+        "FactorizedLinear", "Linear", "FactorizedConv2d", "Conv2d"
+    ]  # fmt: skip
+    assert new[0].latent_features == 128 and new[2].latent_channels == 64
+
+
+def test_switches_fractions_and_grouped_convs():
+    model = nn.Sequential(nn.Linear(64, 128), nn.Conv2d(32, 32, 3), nn.Conv2d(32, 32, 3, groups=2))
+    kwargs = dict(min_channels=32, latent_channels=0.25, min_features=64, latent_features=0.25)
+    new = apply_factorization(model, **kwargs)
+    assert [type(m).__name__ for m in new] == ["FactorizedLinear", "FactorizedConv2d", "Conv2d"]
+    assert new[0].latent_features == 16 and new[1].latent_channels == 8
+    only_convs = apply_factorization(model, factorize_linears=False, **kwargs)
+    assert [type(m).__name__ for m in only_convs] == ["Linear", "FactorizedConv2d", "Conv2d"]
+    only_linears = apply_factorization(model, factorize_convs=False, **kwargs)
+    assert [type(m).__name__ for m in only_linears] == ["FactorizedLinear", "Conv2d", "Conv2d"]
+    # a rank above min(in, out) is capped there: 2 (18 + 8) < 2 * 8 * 9 still pays
+    capped = apply_factorization(nn.Conv2d(2, 8, 3), min_channels=2, latent_channels=4)
+    assert isinstance(capped, FactorizedConv2d) and capped.latent_channels == 2
+
+
+def test_low_rank_layers_compute_the_truncated_svd():
+    import numpy as np
+
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 5)
+    u, s, vh = np.linalg.svd(layer.weight.detach().double().numpy(), full_matrices=False)
+    truncated = torch.from_numpy((u[:, :2] * s[:2]) @ vh[:2]).float()
+    x = torch.randn(3, 6)
+    fact = factorize_linear(layer, 2)
+    assert fact.module0.weight.dtype == torch.float32 and fact.latent_features == 2
+    torch.testing.assert_close(fact(x), x @ truncated.T + layer.bias, rtol=1e-5, atol=1e-5)
+    conv = nn.Conv2d(2, 3, 3, padding=1, bias=False)
+    u, s, vh = np.linalg.svd(conv.weight.detach().double().reshape(3, -1).numpy(), False)
+    kernel = torch.from_numpy((u[:, :1] * s[:1]) @ vh[:1]).float().reshape(3, 2, 3, 3)
+    img = torch.randn(1, 2, 5, 5)
+    out = factorize_conv2d_module(conv, 1)(img)
+    torch.testing.assert_close(out, F.conv2d(img, kernel, padding=1), rtol=1e-5, atol=1e-5)
+
+
+def test_rank_bounds_and_dtype():
+    for rank in (0, 4):
+        with pytest.raises(ValueError, match=r"rank must be in \[1, 3\]"):
+            low_rank_factors(torch.randn(3, 5), rank)
+    left, right = low_rank_factors(torch.randn(3, 5, dtype=torch.float64), 3)
+    assert left.shape == (3, 3) and right.shape == (3, 5) and left.dtype == torch.float64
+    double = factorize_linear(nn.Linear(4, 4).double(), 2)
+    assert all(p.dtype == torch.float64 for p in double.parameters())
+    no_bias = factorize_linear(nn.Linear(4, 4, bias=False), 2)
+    assert no_bias.module1.bias is None
+    assert FactorizedLinear(4, 3, 2).module1.bias.shape == (3,)  # a bias by default, as Linear

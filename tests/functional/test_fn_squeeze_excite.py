@@ -43,3 +43,46 @@ def test_latent_resolution():
     )
     with pytest.raises(ValueError, match="positive"):
         resolve_latent(0, 8)
+
+
+# -- values by hand, defaults, boundaries --------------------------------------------------------
+
+
+def test_gates_are_the_sigmoid_of_the_mlp_of_the_channel_means():
+    torch.manual_seed(0)
+    se = SqueezeExcite2d(6, latent_channels=3)
+    x = torch.randn(2, 6, 4, 5)
+    down, up = se.pool_and_mlp[2].weight, se.pool_and_mlp[4].weight  # (3, 6), (6, 3)
+    means = x.sum(dim=(2, 3)) / 20
+    gates = 1 / (1 + torch.exp(-(torch.clamp(means @ down.T, min=0) @ up.T)))
+    torch.testing.assert_close(se(x), x * gates[:, :, None, None])
+
+
+def test_default_latent_sizes():
+    assert SqueezeExcite2d(64).latent_channels == 8  # 0.125 of the channels
+    assert SqueezeExciteConv2d(nn.Conv2d(4, 16, 1)).se.latent_channels == 2  # of the conv's output
+    # apply_squeeze_excite: 64 latent channels, only convs with >= 128 channels on both sides
+    model = nn.Sequential(nn.Conv2d(128, 128, 1), nn.Conv2d(128, 127, 1), nn.Conv2d(127, 128, 1))
+    new = apply_squeeze_excite(model)
+    assert [type(m).__name__ for m in new] == ["SqueezeExciteConv2d", "Conv2d", "Conv2d"]
+    assert new[0].se.latent_channels == 64
+
+
+def test_exactly_min_channels_is_wide_enough():
+    model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 7, 1))
+    new = apply_squeeze_excite(model, latent_channels=2, min_channels=8)
+    assert [type(m).__name__ for m in new] == ["SqueezeExciteConv2d", "Conv2d"]
+
+
+def test_the_gates_follow_the_convs_dtype():
+    conv = nn.Conv2d(4, 4, 1).double()
+    block = SqueezeExciteConv2d(conv, latent_channels=2)
+    assert all(p.dtype == torch.float64 for p in block.se.parameters())
+    assert block(torch.randn(1, 4, 3, 3, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_latent_resolution_at_the_edges():
+    assert resolve_latent(1, 8) == 1  # 1 is a count, not the whole
+    assert resolve_latent(0.5, 7) == 3 and resolve_latent(2.7, 8) == 2  # truncated
+    with pytest.raises(ValueError, match="positive"):
+        resolve_latent(-0.5, 8)

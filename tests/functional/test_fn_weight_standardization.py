@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -36,3 +37,43 @@ def test_last_layers_can_be_left_plain():
     assert isinstance(new[0], StandardizedConv2d)
     with pytest.raises(ValueError, match="n_last_layers_ignore"):
         apply_weight_standardization(model, -1)
+
+
+# -- values by hand, every conv dimension, the eps guard, the ignore budget -----------------------
+
+
+def _hand_standardized(weight: torch.Tensor) -> torch.Tensor:
+    """Per output filter: subtract the mean, divide by the (biased) standard deviation."""
+    flat = weight.detach().reshape(weight.shape[0], -1)
+    mean = flat.sum(1, keepdim=True) / flat.shape[1]
+    std = ((flat - mean).square().sum(1, keepdim=True) / flat.shape[1]).sqrt()
+    return ((flat - mean) / std).reshape(weight.shape)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_each_conv_dimension_convolves_with_the_standardized_weight(dims):
+    torch.manual_seed(dims)
+    conv_cls = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+    functional = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[dims]
+    conv = conv_cls(3, 4, 3, padding=1)
+    new = apply_weight_standardization(conv)
+    assert type(new).__name__ == f"StandardizedConv{dims}d"
+    x = torch.randn(2, 3, *([5] * dims))
+    expected = functional(x, _hand_standardized(conv.weight), conv.bias, padding=1)
+    torch.testing.assert_close(new(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_filter_becomes_zero_not_nan():
+    weight = torch.cat([torch.full((1, 2, 3, 3), 0.5), torch.randn(1, 2, 3, 3)])
+    out = standardize_weight(weight)
+    assert torch.equal(out[0], torch.zeros(2, 3, 3))  # eps keeps 0 / 0 away
+    torch.testing.assert_close(out[1], _hand_standardized(weight)[1], rtol=1e-5, atol=1e-6)
+
+
+def test_ignoring_more_layers_than_there_are_leaves_all_plain():
+    model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.Conv2d(2, 2, 1))
+    assert [type(m) for m in apply_weight_standardization(model, 5)] == [nn.Conv2d, nn.Conv2d]
+    assert [type(m) for m in apply_weight_standardization(model, 2)] == [nn.Conv2d, nn.Conv2d]
+    everything = apply_weight_standardization(model)  # the default ignores none
+    assert [type(m) for m in everything] == [StandardizedConv2d, StandardizedConv2d]
+    assert [type(m) for m in model] == [nn.Conv2d, nn.Conv2d]  # on a copy
