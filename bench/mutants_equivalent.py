@@ -100,6 +100,10 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     # ---- functional/, fourth round: sequence models and training (room fnC) ----
     #
     #
+    ("functrain/functional/gradient_clipping.py", 82, "core/ReplaceFalseWithTrue"): (
+        "`fsdp_enabled=True` as the default: the argument exists only for Composer's signature "
+        "and is deleted unread on the first line (`del fsdp_enabled`), so no value changes a result"
+    ),
 }
 
 
