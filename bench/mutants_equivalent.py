@@ -104,6 +104,11 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`fsdp_enabled=True` as the default: the argument exists only for Composer's signature "
         "and is deleted unread on the first line (`del fsdp_enabled`), so no value changes a result"
     ),
+    ("functrain/functional/layer_freezing.py", 52, "core/NumberReplacer"): (
+        "`current_duration=-1.0` as `freeze_layers`' default instead of 0.0: `freeze_start` is "
+        "checked to lie in [0, 1), and every elapsed time at or before it gives the fraction 0, "
+        "so both defaults return (0, 0.0) for every valid freeze_start and freeze_level"
+    ),
 }
 
 
