@@ -75,3 +75,16 @@ def test_sequence_scaling_errors():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         scale_sequence_length(torch.zeros(2, 8), 2.0)
     assert math.isclose(float(alibi_slopes(1)[0]), 2.0**-8)
+
+
+def test_sequence_scaling_rejects_what_cannot_be_cut_evenly():
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        scale_sequence_length(torch.zeros(2, 8), 0.0)
+    # 6 * 2/3 = 4 is a whole length, but 4 does not divide 6
+    with pytest.raises(ValueError, match="divides it; choose a scaling such as 0.5 or 0.25"):
+        scale_sequence_length(torch.zeros(2, 6), 2 / 3)
+    with pytest.raises(ValueError, match="divides"):  # 8 * 0.01 rounds to a length of 0
+        scale_sequence_length(torch.zeros(2, 8), 0.01)
+    # (4, 4) has as many entries as (2, 8) and would reshape silently: its rows are not the batch's
+    with pytest.raises(ValueError, match=r"same \(batch, sequence\).*\(4, 4\)"):
+        scale_sequence_length({"input_ids": torch.zeros(2, 8), "other": torch.zeros(4, 4)}, 0.5)
