@@ -119,10 +119,11 @@ NOT_KILLED: dict[tuple[str, int, str], str] = {
         "`names[0]` -> `names[-1]`: the device the scale is moved to, taken from the first or the "
         "last gradient. They differ only for gradients on several devices, which needs a second "
         "real device (CPU-only here: 'meta' tensors cannot be normed, so `global_grad_norm` "
-        "fails before this line). On a GPU machine `{cuda grad, cpu grad}` would tell them apart "
+        "fails before this line). On a GPU machine `{cuda grad, cpu grad}` should tell them apart "
         "(a CUDA 0-d scale cannot multiply a CPU tensor; a CPU 0-d scale can multiply a CUDA "
-        "one), and then shows a gap of its own: Composer moves the scale to each parameter's "
-        "device, so mixed-device gradients work there in either order; here only when the first "
-        "gradient's device can serve all (left unchanged: not verifiable without a GPU)"
+        "one). That case is a gap of its own: `global_norm` accepts mixed devices, but the scale "
+        "then serves only gradients the first one's device can multiply (Composer's SAMOptimizer "
+        "moves it to each parameter, `scale.to(p)`, though its `_grad_norm` stacks norms from "
+        "all devices and fails first). Left unchanged: not verifiable without a GPU"
     ),
 }
