@@ -61,3 +61,9 @@ def test_half_life_in_updates_by_default():
 def test_each_bad_half_life_argument_is_rejected_on_its_own(half_life, interval):
     with pytest.raises(ValueError, match="half_life must be >= 0 and update_interval > 0"):
         smoothing_from_half_life(half_life, interval)
+
+
+@pytest.mark.parametrize("smoothing", [-0.5, -1e-9, 1.0 + 1e-9, 2.0])
+def test_smoothing_outside_the_unit_interval_is_rejected(smoothing):
+    with pytest.raises(ValueError, match="EMA smoothing must be in \\[0, 1\\]"):
+        compute_ema({"w": torch.ones(1)}, {"w": torch.zeros(1)}, smoothing)

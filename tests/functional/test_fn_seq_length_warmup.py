@@ -106,3 +106,13 @@ def test_a_scalar_tensor_does_not_set_the_length_and_is_named_in_the_error():
     pair = (torch.tensor(3), torch.arange(12).view(2, 6))
     with pytest.raises(ValueError, match="sequence-shaped"):
         set_batch_sequence_length(pair, 4)
+
+
+def test_tuple_and_list_batches_keep_their_type_in_both_modes():
+    ids = torch.arange(12).view(2, 6)
+    for truncate, expected in ((True, ids[:, :4]), (False, torch.arange(12).view(3, 4))):
+        pair = set_batch_sequence_length((ids, ids + 100), 4, truncate=truncate)
+        assert type(pair) is tuple and len(pair) == 2
+        assert torch.equal(pair[0], expected) and torch.equal(pair[1], expected + 100)
+        listed = set_batch_sequence_length([ids, ids + 100], 4, truncate=truncate)
+        assert type(listed) is list and torch.equal(listed[1], expected + 100)

@@ -63,3 +63,12 @@ def test_integer_tensors_are_copied_and_later_floats_still_averaged():
     assert out.keys() == {"n", "w"}
     assert torch.equal(out["n"], torch.tensor(9))
     torch.testing.assert_close(out["w"], torch.tensor([2.0, 3.0]))
+
+
+def test_first_sample_ignores_the_average_entirely():
+    sample = {"w": torch.tensor([0.1, -2.5]), "n": torch.tensor(3)}
+    first = swa_average({}, sample, num_averaged=0)  # no average exists yet
+    assert torch.equal(first["w"], sample["w"]) and torch.equal(first["n"], sample["n"])
+    assert first["w"] is not sample["w"]
+    stale = {"w": torch.tensor([float("inf"), float("nan")]), "n": torch.tensor(0)}
+    assert torch.equal(swa_average(stale, sample, 0)["w"], sample["w"])
