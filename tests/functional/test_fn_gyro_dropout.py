@@ -72,3 +72,17 @@ def test_smallest_valid_settings():
     for sigma, tau in ((0, 1), (1, 0), (2, 3)):
         with pytest.raises(ValueError, match="sigma > 0 and 0 < tau <= sigma"):
             GyroDropout(sigma=sigma, tau=tau)
+
+
+def test_feature_maps_share_one_mask_entry_per_channel():
+    # (batch, channels, h, w): the mask is over dimension 1 and broadcast over the rest.
+    layer = GyroDropout(p=0.5, sigma=4, tau=2)  # seed 0, masks 0 and 1, two rows each
+    keep = (torch.rand(4, 3, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    rows = keep[[0, 0, 1, 1]]
+    expected = (rows * 2.0)[:, :, None, None].expand(4, 3, 2, 5)
+    assert torch.equal(layer(torch.ones(4, 3, 2, 5)), expected)
+
+
+def test_zero_drop_probability_is_the_identity_for_any_batch():
+    x = torch.rand(3, 5)  # 3 rows: not a multiple of tau = 2, fine when nothing is dropped
+    assert GyroDropout(p=0.0, sigma=4, tau=2)(x) is x
