@@ -202,3 +202,25 @@ def test_attention_dropout_acts_in_training_only():
         torch.manual_seed(1)
         third = model(ids).logits
         assert not torch.allclose(third, first)  # training: the attention weights are dropped
+
+
+def test_bert_state_dict_keeps_the_original_names():
+    original = bert()
+    new = apply_alibi(original, max_sequence_length=48)
+    # The original names, plus one `alibi_slopes` buffer per attention; `position_ids` (rebuilt
+    # for the new length) stays out of the state dict, as in transformers.
+    slopes = {f"bert.encoder.layer.{i}.attention.self.alibi_slopes" for i in range(2)}
+    assert set(new.state_dict()) == set(original.state_dict()) | slopes
+    assert new.bert.embeddings.position_ids.shape == (1, 48)
+
+
+def test_without_transformers_imported_no_model_is_a_hugging_face_one(monkeypatch):
+    import sys
+
+    from functrain.functional.alibi_hf import is_hf_model
+    from functrain.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    monkeypatch.delitem(sys.modules, "transformers")  # as in a process that never imported it
+    assert is_hf_model(model) is False
+    assert apply_alibi(model, max_sequence_length=16).wpe is None

@@ -150,3 +150,15 @@ def test_without_transformers_imported_only_functrain_mlps_are_replaced(monkeypa
     assert apply_hf_gated_linear_units(model, None, False, False) == 0
     new = apply_gated_linear_units(model)  # one functrain MLP, nothing from transformers
     assert type(new.blocks[0].mlp).__name__ == "GLUMLP"
+
+
+def test_gpt2_gate_activation_is_kept_as_a_module():
+    mlp = apply_gated_linear_units(gpt2()).transformer.h[0].mlp
+    assert type(mlp.act).__name__ == "NewGELUActivation"  # GPT-2's own, unwrapped
+    relu = apply_gated_linear_units(gpt2(), act_fn=torch.nn.ReLU()).transformer.h[0].mlp
+    assert type(relu.act) is torch.nn.ReLU
+    wrapped = apply_gated_linear_units(gpt2(), act_fn=torch.tanh).transformer.h[0].mlp
+    assert isinstance(wrapped.act, torch.nn.Module)  # a function becomes a module
+    x = torch.randn(2, 32)
+    hidden = torch.tanh(x @ wrapped.gate.weight.T) * (x @ wrapped.value.weight.T)
+    torch.testing.assert_close(wrapped(x), hidden @ wrapped.proj.weight.T + wrapped.proj.bias)
