@@ -75,3 +75,39 @@ def test_sequence_scaling_errors():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         scale_sequence_length(torch.zeros(2, 8), 2.0)
     assert math.isclose(float(alibi_slopes(1)[0]), 2.0**-8)
+
+
+def test_sequence_scaling_rejects_what_cannot_be_cut_evenly():
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        scale_sequence_length(torch.zeros(2, 8), 0.0)
+    # 6 * 2/3 = 4 is a whole length, but 4 does not divide 6
+    with pytest.raises(ValueError, match="divides it; choose a scaling such as 0.5 or 0.25"):
+        scale_sequence_length(torch.zeros(2, 6), 2 / 3)
+    with pytest.raises(ValueError, match="divides"):  # 8 * 0.01 rounds to a length of 0
+        scale_sequence_length(torch.zeros(2, 8), 0.01)
+    # (4, 4) has as many entries as (2, 8) and would reshape silently: its rows are not the batch's
+    with pytest.raises(ValueError, match=r"same \(batch, sequence\).*\(4, 4\)"):
+        scale_sequence_length({"input_ids": torch.zeros(2, 8), "other": torch.zeros(4, 4)}, 0.5)
+
+
+def test_only_modules_with_the_alibi_slot_are_attention():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    model.counter = torch.nn.Module()
+    model.counter.n_head = 2  # has n_head but no `alibi_slopes` slot: not an attention module
+    new = apply_alibi(model, max_sequence_length=1)  # a length of 1 is a valid maximum
+    assert not hasattr(new.counter, "alibi_slopes") and new.max_sequence_length == 1
+    assert new.blocks[0].attn.alibi_slopes.shape == (2,)
+    lone = torch.nn.Module()
+    lone.n_head = 2
+    with pytest.raises(ValueError, match="found no attention module"):
+        apply_alibi(lone, max_sequence_length=8)
+    with pytest.raises(ValueError, match="max_sequence_length must be positive"):
+        apply_alibi(model, max_sequence_length=0)
+
+
+def test_sequence_scaling_needs_sequence_shaped_tensors():
+    with pytest.raises(ValueError, match="needs a batch of \\(batch, sequence\\) tensors"):
+        scale_sequence_length((torch.zeros(8), torch.zeros(2, 8)), 0.5)
+    with pytest.raises(ValueError, match="needs a batch of"):
+        scale_sequence_length({"step": 3}, 0.5)  # no tensor at all

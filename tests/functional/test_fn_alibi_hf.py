@@ -161,3 +161,66 @@ def test_unsupported_attention_is_rejected_with_the_supported_list():
         apply_alibi(transformers.GPT2LMHeadModel(config).transformer.wte, 32)
     with pytest.raises(TypeError, match="optimizers="):
         apply_alibi(gpt2(), 32, optimizers=torch.optim.SGD(gpt2().parameters(), lr=0.1))
+
+
+def test_config_reports_the_new_maximum_length():
+    original = gpt2()
+    model = apply_alibi(original, max_sequence_length=64)
+    assert model.config.n_positions == 64 and original.config.n_positions == 16
+    encoder = apply_alibi(bert(), max_sequence_length=48)
+    assert encoder.config.max_position_embeddings == 48
+
+
+def test_alibi_attention_takes_a_two_dimensional_padding_mask():
+    from functrain.functional.alibi_hf import alibi_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))  # (batch, heads, length, head_dim)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])  # (batch, keys) of 1 = attend
+    slopes = alibi_slopes(3)
+    for causal in (False, True):
+        out = alibi_attention(q, k, v, mask, slopes, causal=causal, scale=0.5)  # 1 / sqrt(4)
+        expected = reference_attention(
+            *(t.transpose(1, 2) for t in (q, k, v)), slopes, causal, key_mask=mask
+        )
+        torch.testing.assert_close(out.reshape(2, 5, 12), expected.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_dropout_acts_in_training_only():
+    ids = torch.randint(0, VOCAB, (1, 6))
+    for model, kind in (
+        (apply_alibi(gpt2(), 32), "ALiBiGPT2Attention"),
+        (apply_alibi(bert(), 32), "ALiBiBertSelfAttention"),
+    ):
+        for m in model.modules():
+            if type(m).__name__ == kind:
+                (m.attn_dropout if kind == "ALiBiGPT2Attention" else m.dropout).p = 0.5
+        model.eval()
+        first, second = model(ids).logits, model(ids).logits
+        assert torch.equal(first, second)  # eval: no dropout, deterministic
+        model.train()
+        torch.manual_seed(1)
+        third = model(ids).logits
+        assert not torch.allclose(third, first)  # training: the attention weights are dropped
+
+
+def test_bert_state_dict_keeps_the_original_names():
+    original = bert()
+    new = apply_alibi(original, max_sequence_length=48)
+    # The original names, plus one `alibi_slopes` buffer per attention; `position_ids` (rebuilt
+    # for the new length) stays out of the state dict, as in transformers.
+    slopes = {f"bert.encoder.layer.{i}.attention.self.alibi_slopes" for i in range(2)}
+    assert set(new.state_dict()) == set(original.state_dict()) | slopes
+    assert new.bert.embeddings.position_ids.shape == (1, 48)
+
+
+def test_without_transformers_imported_no_model_is_a_hugging_face_one(monkeypatch):
+    import sys
+
+    from functrain.functional.alibi_hf import is_hf_model
+    from functrain.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    monkeypatch.delitem(sys.modules, "transformers")  # as in a process that never imported it
+    assert is_hf_model(model) is False
+    assert apply_alibi(model, max_sequence_length=16).wpe is None

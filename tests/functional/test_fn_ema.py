@@ -44,3 +44,26 @@ def test_errors():
         compute_ema({"w": torch.ones(1)}, {"w": torch.ones(1)}, 1.5)
     with pytest.raises(KeyError, match="names"):
         compute_ema({"w": torch.ones(1)}, {"v": torch.ones(1)}, 0.5)
+
+
+def test_half_life_in_updates_by_default():
+    # The default interval is one update: a half-life of 1 halves every update, of 2 takes
+    # sqrt(1/2) per update, of 4 takes 2 ** (-1/4) = 0.8409.
+    assert smoothing_from_half_life(1) == 0.5
+    assert smoothing_from_half_life(2) == pytest.approx(0.5**0.5, rel=1e-12)
+    assert smoothing_from_half_life(4) == pytest.approx(0.8408964152537145, rel=1e-12)
+    assert smoothing_from_half_life(4, 2) == pytest.approx(0.5**0.5, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("half_life", "interval"), [(-1.0, 1.0), (5.0, 0.0), (5.0, -1.0), (-1.0, -1.0)]
+)
+def test_each_bad_half_life_argument_is_rejected_on_its_own(half_life, interval):
+    with pytest.raises(ValueError, match="half_life must be >= 0 and update_interval > 0"):
+        smoothing_from_half_life(half_life, interval)
+
+
+@pytest.mark.parametrize("smoothing", [-0.5, -1e-9, 1.0 + 1e-9, 2.0])
+def test_smoothing_outside_the_unit_interval_is_rejected(smoothing):
+    with pytest.raises(ValueError, match="EMA smoothing must be in \\[0, 1\\]"):
+        compute_ema({"w": torch.ones(1)}, {"w": torch.zeros(1)}, smoothing)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from functrain.functional.gated_linear_units import GLUMLP, apply_gated_linear_units
+from functrain.functional.gated_linear_units import GLUMLP, apply_gated_linear_units, glu_from_mlp
 from functrain.models import GPT, GPTConfig
 
 
@@ -42,3 +42,71 @@ def test_default_keeps_the_activation_and_counts_parameters():
 def test_no_mlp_is_an_error():
     with pytest.raises(ValueError, match="no MLP"):
         apply_gated_linear_units(nn.Linear(2, 2))
+
+
+class _MLP(nn.Module):
+    """A minimal `fc`/`act`/`proj` MLP (no dropout attribute)."""
+
+    def __init__(self, bias: bool = True, act: nn.Module | None = None):
+        super().__init__()
+        self.fc = nn.Linear(3, 5, bias=bias)
+        self.act = act if act is not None else nn.Tanh()
+        self.proj = nn.Linear(5, 2)
+
+
+def test_glumlp_defaults_and_forward_by_hand():
+    glu = GLUMLP(3, 5, 2, nn.Tanh())  # defaults: no gate or value bias, a projection bias
+    assert glu.gate.bias is None and glu.value.bias is None and glu.proj.bias is not None
+    assert isinstance(glu.dropout, nn.Identity)
+    x = torch.randn(4, 3)
+    hidden = torch.tanh(x @ glu.gate.weight.T) * (x @ glu.value.weight.T)
+    torch.testing.assert_close(glu(x), hidden @ glu.proj.weight.T + glu.proj.bias)
+    drop = nn.Dropout(0.5)
+    assert GLUMLP(3, 5, 2, nn.Tanh(), dropout=drop).dropout is drop
+
+
+def test_surgery_defaults_copy_fc_and_proj_and_add_no_biases():
+    torch.manual_seed(0)
+    model = nn.Sequential(_MLP())
+    glu = apply_gated_linear_units(model)[0]
+    assert glu.gate.bias is None and glu.value.bias is None
+    assert torch.equal(glu.value.weight, model[0].fc.weight)
+    assert torch.equal(glu.proj.bias, model[0].proj.bias)
+    direct = glu_from_mlp(model[0])
+    assert direct.gate.bias is None and direct.value.bias is None
+
+
+def test_value_bias_is_copied_from_fc_when_asked():
+    torch.manual_seed(0)
+    mlp = _MLP()
+    glu = glu_from_mlp(mlp, non_gated_layer_bias=True, gated_layer_bias=True)
+    assert torch.equal(glu.value.bias, mlp.fc.bias) and glu.gate.bias is not None
+    # an fc without a bias: the value bias is kept (fresh), not copied from nothing
+    no_bias = glu_from_mlp(_MLP(bias=False), non_gated_layer_bias=True)
+    assert no_bias.value.bias is not None and no_bias.value.bias.shape == (5,)
+
+
+def test_only_complete_mlps_are_replaced():
+    half = nn.Module()
+    half.fc = nn.Linear(3, 5)  # no proj, no act
+    lone_act = nn.Module()
+    lone_act.act = nn.GELU()  # only an activation
+    functional_act = nn.Module()
+    functional_act.fc, functional_act.proj = nn.Linear(3, 5), nn.Linear(5, 2)
+    functional_act.act = torch.tanh  # a function, not a module: not an MLP of ours
+    for model in (half, lone_act, functional_act):
+        with pytest.raises(ValueError, match="no MLP"):
+            apply_gated_linear_units(model)
+
+
+def test_optimizers_argument_errors_say_what_to_do():
+    model = nn.Sequential(_MLP())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    for optimizers in (sgd, [sgd], (sgd,)):
+        with pytest.raises(TypeError, match="changes no optimizer"):
+            apply_gated_linear_units(model, optimizers)
+    # an activation in the optimizers' place (Composer's second argument)
+    with pytest.raises(TypeError, match="pass the activation by name"):
+        apply_gated_linear_units(model, torch.tanh)
+    with pytest.raises(TypeError, match="changes no optimizer"):
+        apply_gated_linear_units(model, torch.tanh, act_fn=torch.relu)

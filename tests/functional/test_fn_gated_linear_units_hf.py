@@ -114,3 +114,51 @@ def test_composers_positional_optimizers_are_rejected_with_the_fix():
         apply_gated_linear_units(model, torch.relu)  # the activation in Composer's optimizer slot
     relu = apply_gated_linear_units(model, None, torch.nn.ReLU())
     assert isinstance(relu.bert.encoder.layer[0].output.act, torch.nn.ReLU)
+
+
+def test_gated_block_defaults_have_no_input_biases():
+    from functrain.functional.gated_linear_units_hf import BERTGatedFFOutput
+
+    glu = BERTGatedFFOutput(d_embed=8, d_ff=16, dropout_rate=0.0, act_fn=F.gelu, layernorm_eps=1e-5)
+    assert glu.gated_layer.bias is None and glu.non_gated_layer.bias is None
+    assert glu.wo.bias is not None and glu.layernorm.eps == 1e-5
+
+
+def test_replaced_blocks_are_counted_and_only_complete_bert_blocks_replaced():
+    from functrain.functional.gated_linear_units_hf import apply_hf_gated_linear_units
+
+    model = bert()
+    assert apply_hf_gated_linear_units(model, None, False, False) == 2  # two BERT layers
+    assert apply_hf_gated_linear_units(gpt2(), None, False, False) == 2  # two GPT-2 blocks
+    assert apply_hf_gated_linear_units(torch.nn.Linear(2, 2), None, False, False) == 0
+    # A BertIntermediate without its BertOutput is not a feed-forward block: left alone.
+    half = torch.nn.Module()
+    half.intermediate = transformers.models.bert.modeling_bert.BertIntermediate(bert().config)
+    half.output = torch.nn.Identity()
+    assert apply_hf_gated_linear_units(half, None, False, False) == 0
+    assert type(half.intermediate).__name__ == "BertIntermediate"
+
+
+def test_without_transformers_imported_only_functrain_mlps_are_replaced(monkeypatch):
+    import sys
+
+    from functrain.functional.gated_linear_units_hf import apply_hf_gated_linear_units
+    from functrain.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    monkeypatch.delitem(sys.modules, "transformers")  # as in a process that never imported it
+    assert apply_hf_gated_linear_units(model, None, False, False) == 0
+    new = apply_gated_linear_units(model)  # one functrain MLP, nothing from transformers
+    assert type(new.blocks[0].mlp).__name__ == "GLUMLP"
+
+
+def test_gpt2_gate_activation_is_kept_as_a_module():
+    mlp = apply_gated_linear_units(gpt2()).transformer.h[0].mlp
+    assert type(mlp.act).__name__ == "NewGELUActivation"  # GPT-2's own, unwrapped
+    relu = apply_gated_linear_units(gpt2(), act_fn=torch.nn.ReLU()).transformer.h[0].mlp
+    assert type(relu.act) is torch.nn.ReLU
+    wrapped = apply_gated_linear_units(gpt2(), act_fn=torch.tanh).transformer.h[0].mlp
+    assert isinstance(wrapped.act, torch.nn.Module)  # a function becomes a module
+    x = torch.randn(2, 32)
+    hidden = torch.tanh(x @ wrapped.gate.weight.T) * (x @ wrapped.value.weight.T)
+    torch.testing.assert_close(wrapped(x), hidden @ wrapped.proj.weight.T + wrapped.proj.bias)

@@ -79,3 +79,20 @@ def test_apply_gradient_clipping_under_composers_signature_is_pure():
     assert torch.equal(model.weight.grad, torch.tensor([[3.0, -4.0]]))  # untouched
     with pytest.raises(ValueError, match="clipping_type"):
         apply_gradient_clipping(model, "global", 1.0)
+
+
+def test_adaptive_threshold_zero_stops_every_unit_and_negative_is_rejected():
+    # A threshold of 0 allows no gradient at all: every unit's limit is 0 * max(|w|, eps) = 0.
+    grads = {"w": torch.tensor([[3.0, 4.0], [0.0, -1.0]]), "b": torch.tensor([2.0, 0.0])}
+    params = {"w": torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "b": torch.tensor([1.0, 1.0])}
+    out = adaptive_clip_grad(grads, params, 0.0)
+    assert all(torch.equal(out[k], torch.zeros_like(grads[k])) for k in grads)
+    for bad in (-1e-6, -0.5, -2.0):
+        with pytest.raises(ValueError, match="clipping_threshold must be >= 0"):
+            adaptive_clip_grad(grads, params, bad)
+
+
+def test_adaptive_missing_parameters_error_names_the_first_three():
+    grads = {k: torch.ones(1) for k in "abcde"}
+    with pytest.raises(KeyError, match=r"missing \['a', 'b', 'c'\]"):
+        adaptive_clip_grad(grads, {}, 0.1)

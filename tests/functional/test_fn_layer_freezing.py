@@ -56,3 +56,18 @@ def test_freeze_layers_under_composers_signature_counts_without_freezing():
     assert all(p.requires_grad for p in model.parameters())  # nothing was frozen
     with pytest.raises(TypeError, match="optimizers="):
         freeze_layers(model, torch.optim.SGD(model.parameters(), lr=0.1), 0.75)
+
+
+def test_default_schedule_freezes_everything_by_the_end():
+    # Defaults: start at half of training, reach a frozen fraction of 1 at the end, linearly.
+    assert freeze_fraction(0.5) == 0.0
+    assert freeze_fraction(0.75) == 0.5
+    assert freeze_fraction(0.9) == pytest.approx(0.8)
+    assert freeze_fraction(1.0) == 1.0
+    assert frozen_names(NAMES, freeze_fraction(1.0)) == NAMES[:5]  # all but the last layer
+
+
+@pytest.mark.parametrize("start", [-0.5, -1e-9, 1.0, 1.5])
+def test_freeze_start_outside_the_unit_interval_is_rejected(start):
+    with pytest.raises(ValueError, match="freeze_start must be in \\[0, 1\\)"):
+        freeze_fraction(0.5, freeze_start=start)

@@ -30,3 +30,22 @@ def test_zero_gradient_and_errors():
     assert torch.equal(delta["w"], torch.zeros(3))
     with pytest.raises(ValueError, match="rho"):
         sam_perturbation({"w": torch.ones(1)}, rho=-0.1)
+
+
+def test_defaults_give_a_step_of_norm_five_hundredths():
+    # Default rho 0.05: the gradient (3, 4) has norm 5, so e = 0.05 * (3, 4) / 5 = (0.03, 0.04).
+    delta = sam_perturbation({"w": torch.tensor([3.0, 4.0]), "b": torch.tensor([0.0])})
+    torch.testing.assert_close(delta["w"], torch.tensor([0.03, 0.04]))
+    assert torch.equal(delta["b"], torch.zeros(1))
+    # Default epsilon 1e-12 only matters for tiny gradients: norm 5e-12 gives the scale
+    # 0.05 / (5e-12 + 1e-12), so e = (3e-12, 4e-12) * 0.05 / 6e-12 = (0.025, 0.0333...).
+    tiny = sam_perturbation({"w": torch.tensor([3e-12, 4e-12])})
+    torch.testing.assert_close(tiny["w"], torch.tensor([0.025, 0.2 / 6]), rtol=1e-5, atol=0)
+
+
+def test_epsilon_zero_is_exact_and_a_negative_epsilon_is_rejected():
+    delta = sam_perturbation({"w": torch.tensor([0.0, 2.0])}, rho=0.5, epsilon=0.0)
+    assert torch.equal(delta["w"], torch.tensor([0.0, 0.5]))
+    for bad in (-1e-12, -0.5, -2.0):
+        with pytest.raises(ValueError, match="epsilon >= 0"):
+            sam_perturbation({"w": torch.ones(1)}, epsilon=bad)
