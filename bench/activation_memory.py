@@ -8,7 +8,7 @@ to each block in its forward, as a user would without functrain.
 
 Per variant:
 - held_mib: bytes of activations alive at the end of the forward pass
-  (`functrain.activation_memory.held_activation_bytes`: what backward needs; includes
+  (`bench.held_activations.held_activation_bytes`: what backward needs; includes
   selective checkpointing's saved outputs, which no saved-tensor hook sees);
 - saved_mib: bytes autograd packs through `saved_tensors_hooks` (parameters excluded);
 - peak_mib: the process's peak torch allocation over a step (`bench.common.
@@ -31,7 +31,7 @@ import torch
 from torch.utils import checkpoint as torch_checkpoint
 
 import functrain
-from functrain.activation_memory import held_activation_bytes
+from bench.held_activations import held_activation_bytes
 from functrain.algorithms import activation_checkpointing
 from functrain.models.gpt import GPT, GPTConfig, gpt_loss
 

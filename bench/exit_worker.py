@@ -26,16 +26,16 @@ def arrange_exit_check(teardown: bool = True) -> None:
     run at risk even when the race did not strike this time."""
     import atexit
 
-    import functrain.teardown
+    import functrain.parallel.teardown
 
     def check() -> None:
-        alive = functrain.teardown.gloo_worker_threads()
+        alive = functrain.parallel.teardown.gloo_worker_threads()
         print(f"{EXIT_CHECK} {'unknown' if alive is None else len(alive)}", flush=True)
 
-    atexit.unregister(functrain.teardown.exit_hook)
+    atexit.unregister(functrain.parallel.teardown.exit_hook)
     atexit.register(check)  # atexit runs last-registered first: the check runs after teardown
     if teardown:
-        atexit.register(functrain.teardown.exit_hook)
+        atexit.register(functrain.parallel.teardown.exit_hook)
 
 
 def run(workload: str, directory: str) -> None:

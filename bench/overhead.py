@@ -162,7 +162,7 @@ def _functrain(
         info.update(_compile_seconds(warm, device))
 
     if use_fit:
-        from functrain.loop import fit  # functrain.fit once the lead re-exports it
+        from functrain import fit
 
         class Tick:
             def __init__(self):

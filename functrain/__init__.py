@@ -14,7 +14,6 @@ from . import (
     callbacks,
     checkpoint,
     data,
-    events,
     functional,
     loggers,
     loop,
@@ -28,17 +27,17 @@ from . import (
     tree,
 )
 from .algorithms import apply_surgery
-from .compile import CompiledStep, compile_step
-from .events import CallbackError, Context, Event
 from .export import export
-from .fit_options import FitOptions, FitResult
-from .fit_state import FitState
-from .loop import StepError, evaluate, fit, predict
+from .loop import StepError, evaluate, events, fit, predict
+from .loop.events import CallbackError, Context, Event
+from .loop.fit_state import FitState
+from .loop.options import FitOptions, FitResult
 from .rng import RngState, key_for
 from .state import TrainState, init
 from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
-from .step_protocol import Evaluator, StepLike, as_step
-from .time import Time, Timestamp, TimeUnit
+from .step.compile import CompiledStep, compile_step
+from .step.protocol import Evaluator, StepLike, as_step
+from .units import Time, Timestamp, TimeUnit
 
 __version__ = "0.1.0"
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from .rng import RngState
-from .time import Timestamp
 from .tree import fast_replace, register_dataclass, static_field
+from .units import Timestamp
 
 
 @register_dataclass

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import functrain
-from functrain.events import Context
-from functrain.time import Time
+from functrain.loop.events import Context
+from functrain.units import Time
 
 
 class Recorder:

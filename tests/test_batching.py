@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain.batching import num_samples, split_batch
+from functrain.step.batching import num_samples, split_batch
 
 
 @settings(max_examples=30, deadline=None)

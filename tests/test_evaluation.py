@@ -1,4 +1,4 @@
-"""Tests of functrain.evaluation: evaluate and predict with a Step or a plain module, and their
+"""Tests of functrain.loop.evaluation: evaluate and predict with a Step or a plain module, and their
 re-exports from functrain.loop and functrain."""
 
 import pytest
@@ -8,10 +8,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import functrain
-import functrain.evaluation
 import functrain.loop
+import functrain.loop.evaluation
 from functrain.data import Loader
-from functrain.evaluation import describe_batch, evaluate, predict
+from functrain.loop.evaluation import describe_batch, evaluate, predict
 
 
 def test_evaluate_and_predict_are_re_exported_from_the_loop_and_the_package():

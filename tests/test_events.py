@@ -1,4 +1,4 @@
-"""Tests of functrain.events and the loop's event order: exact call counts for a fixed run."""
+"""Tests of functrain.loop.events and the loop's event order: exact call counts for a fixed run."""
 
 import collections
 import uuid
@@ -10,7 +10,8 @@ from torch.utils.data import TensorDataset
 import functrain
 from functrain.checkpoint import Manager, load
 from functrain.data import Loader
-from functrain.events import (
+from functrain.loop import fit, predict
+from functrain.loop.events import (
     CallbackError,
     Context,
     Event,
@@ -21,7 +22,6 @@ from functrain.events import (
     scalar_metrics,
     unique_names,
 )
-from functrain.loop import fit, predict
 
 
 def fake_step(state, batch):

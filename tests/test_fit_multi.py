@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 import functrain
 from functrain.checkpoint import Manager, load
 from functrain.data import Loader
-from functrain.step_protocol import Evaluator
+from functrain.step.protocol import Evaluator
 from functrain.tree import leaves_with_paths
 
 

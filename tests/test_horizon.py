@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from functrain.data import DataSource, Loader
-from functrain.horizon import (
+from functrain.loop.horizon import (
     Every,
     check_fraction_intervals,
     data_batches_per_epoch,
@@ -16,7 +16,7 @@ from functrain.horizon import (
     parse_time,
     run_finished,
 )
-from functrain.time import Time, Timestamp, TimeUnit
+from functrain.units import Time, Timestamp, TimeUnit
 
 
 def _dataset(n):

@@ -1,6 +1,6 @@
 """The launcher's last line: which rank failed first, and how a stop (SIGTERM, Ctrl-C) ended.
 
-Unit tests feed torchrun-shaped failures and rank records to `functrain.launch_status`; the
+Unit tests feed torchrun-shaped failures and rank records to `functrain.launch.status`; the
 slow tests start real 2-rank runs with `python -m functrain.launch -n 2`: one rank aborts or is
 SIGKILLed while the other is stopped by torchrun, and a `fit` run with a real checkpoint
 `Manager` is stopped by SIGTERM, by Ctrl-C, and by two Ctrl-Cs.
@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from functrain import launch_status as status
 from functrain.checkpoint import Manager
+from functrain.launch import status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,8 +17,8 @@ from torch.utils.data import TensorDataset
 import functrain
 from functrain.checkpoint import Manager, load
 from functrain.data import Loader
-from functrain.events import CallbackError
 from functrain.loop import StepError, evaluate, fit
+from functrain.loop.events import CallbackError
 from functrain.tree import tree_allclose
 
 # -- helpers ---------------------------------------------------------------------------------

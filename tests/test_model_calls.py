@@ -11,7 +11,7 @@ import functrain
 from functrain import optim
 from functrain.algorithms import label_smoothing
 from functrain.data import Loader
-from functrain.model_calls import ModelCalls
+from functrain.step.model_calls import ModelCalls
 
 
 class Counting(torch.nn.Module):

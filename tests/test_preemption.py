@@ -25,7 +25,7 @@ from torch.utils.data import TensorDataset
 import functrain
 from functrain.checkpoint import Manager, load
 from functrain.data import Loader
-from functrain.preemption import Boundary, StopKind, StopSignals, agree
+from functrain.loop.preemption import Boundary, StopKind, StopSignals, agree
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "preempt_worker.py"

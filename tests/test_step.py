@@ -382,7 +382,7 @@ def test_fused_adamw_path_of_a_donating_step_equals_the_pure_step():
 
 def test_normalize_loss_forms():
     # (killers of `python -m bench mutants` survivors in functrain/pieces.py)
-    from functrain.pieces import normalize_loss
+    from functrain.step.pieces import normalize_loss
 
     loss = torch.tensor(2.0)
     assert normalize_loss(loss)[0] is loss  # a 0-d loss is returned as it is, no reshape
@@ -398,7 +398,7 @@ def test_normalize_loss_forms():
 
 
 def test_step_config_and_algorithm_defaults():
-    from functrain.pieces import Algorithm, StepConfig
+    from functrain.step.pieces import Algorithm, StepConfig
 
     config = StepConfig()
     assert (config.precision, config.skip_nonfinite, config.donate) == ("fp32", False, False)
@@ -409,7 +409,7 @@ def test_step_config_and_algorithm_defaults():
 
 def test_the_global_gradient_norm_of_no_gradients_is_zero_and_matches_torch():
     # a model whose parameters are all frozen has an empty gradient tree (mutants: step.py:335)
-    from functrain.step import _grad_norm
+    from functrain.step.make import _grad_norm
 
     assert float(_grad_norm({}, plain=True)) == 0.0
     grads = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([[12.0]])}
@@ -505,7 +505,7 @@ def test_auto_microbatch_halves_on_cuda_out_of_memory_until_it_fits():
 
 
 def test_a_donating_step_from_init_compares_storage_once_then_only_identity(monkeypatch):
-    from functrain.step_grads import GradsPiece
+    from functrain.step.grads import GradsPiece
 
     calls = []
     compare = GradsPiece.state_is_model
@@ -548,8 +548,8 @@ def test_forward_seeds_differ_for_every_rank_and_microbatch():
 def test_microbatches_of_no_tokens_are_an_empty_batch_error():
     """Weights by tokens: microbatches holding 0 tokens in all are an empty batch (a ValueError,
     not a ZeroDivisionError)."""
-    from functrain.pieces import StepConfig
-    from functrain.step_grads import microbatch_weights
+    from functrain.step.grads import microbatch_weights
+    from functrain.step.pieces import StepConfig
 
     config = StepConfig(weight_by="tokens", count_tokens=lambda mb: 0)
     with pytest.raises(ValueError, match="empty"):

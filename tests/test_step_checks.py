@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 import functrain
 from functrain import algorithms as A
-from functrain import optim, step_checks
+from functrain import optim
 from functrain.models import SmallResNet
+from functrain.step import checks as step_checks
 
 
 def mlp(width):
@@ -87,7 +88,7 @@ def test_the_check_runs_for_states_the_step_did_not_produce_not_on_every_call(mo
         seen.append(1)
         return real(opt_state, params, layout)
 
-    monkeypatch.setattr("functrain.step_plan.check_opt_state", counting)
+    monkeypatch.setattr("functrain.step.plan.check_opt_state", counting)
     for donate in (False, True):
         seen.clear()
         model = mlp(3)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from functrain import optim
-from functrain.step_plan import Plans, _plain
+from functrain.step.plan import Plans, _plain
 
 
 def _params(rows=3):

@@ -12,7 +12,7 @@ import functrain
 from functrain import optim
 from functrain.algorithms import ema
 from functrain.optim import current_lr
-from functrain.step_protocol import FunctionStep
+from functrain.step.protocol import FunctionStep
 from functrain.tree import tree_allclose, tree_clone
 
 

@@ -186,7 +186,7 @@ def test_teardown_does_not_hang_or_abort_when_a_peer_died(tmp_path):
 STUCK = textwrap.dedent(
     """
     import time
-    from functrain import teardown
+    from functrain.parallel import teardown
 
     teardown.on_exit(lambda: time.sleep(600))   # an exit step that never finishes
     teardown.set_exit_code(3)

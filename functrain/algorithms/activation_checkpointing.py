@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch.utils import checkpoint as torch_checkpoint
 
-from ..model_calls import ModelCalls
 from ..parallel import reshard
 from ..step import Algorithm, StepPieces
+from ..step.model_calls import ModelCalls
 
 POLICIES = ("full", "selective")
 

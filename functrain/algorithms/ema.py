@@ -23,7 +23,7 @@ import torch
 from ..functional.ema import compute_ema, smoothing_from_half_life
 from ..state import TrainState
 from ..step import Algorithm, StepPieces
-from ..time import Time, TimeUnit
+from ..units import Time, TimeUnit
 from .timing import at_epoch_end, check_units, epochs_completed, reached
 
 NAME = "ema"

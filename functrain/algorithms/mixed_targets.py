@@ -13,7 +13,7 @@ resolves the markers by calling the inner loss again with plain targets:
 - `SmoothedTarget(target, smoothing)`: the loss sees Composer's smoothed dense targets.
 
 Markers nest (MixUp of CutMix of smoothed targets, in any list order) and are pytrees, so
-microbatching splits them with the batch. The model is called through `functrain.model_calls.
+microbatching splits them with the batch. The model is called through `functrain.step.model_calls.
 ModelCalls`: the first run of the loss (with the original targets) records its model calls, and
 each later run replays them in order when it passes the same tensors (`model(batch[0])`), so the
 forward runs once however many loss terms there are. The first run uses the original targets, so
@@ -37,7 +37,7 @@ import torch
 from ..functional.batch import get_item, set_item
 from ..functional.label_smoothing import smooth_labels
 from ..functional.targets import ensure_targets_one_hot
-from ..model_calls import ModelCalls
+from ..step.model_calls import ModelCalls
 
 
 class MixedTarget(NamedTuple):

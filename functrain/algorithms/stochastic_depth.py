@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..functional.stochastic_depth import DISTRIBUTIONS, METHODS, apply_stochastic_depth
 from ..state import TrainState
 from ..step import Algorithm, StepPieces
-from ..time import Time
+from ..units import Time
 from .surgery import surgery_algorithm
 
 TARGET_SUFFIX = ".target_drop_rate"

@@ -31,7 +31,7 @@ from ..functional.swa import swa_lr as swa_lr_curve
 from ..optim import current_lr
 from ..state import TrainState
 from ..step import Algorithm, StepPieces
-from ..time import Time, TimeUnit
+from ..units import Time, TimeUnit
 from .timing import at_epoch_end, check_units, elapsed
 
 NAME = "swa"

@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from ..time import Time, Timestamp, TimeUnit
+from ..units import Time, Timestamp, TimeUnit
 
 
 def at_epoch_end(ts: Timestamp) -> bool:

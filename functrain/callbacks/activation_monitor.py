@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..parallel import comm, data_parallel_info
-from ..time import TimeLike
+from ..units import TimeLike
 from .interval import Interval
 
 STATISTICS = ("max", "average", "l2_norm", "kurtosis")

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..time import Time, TimeLike
+from ..units import Time, TimeLike
 
 
 def eval_value(ctx: Any, monitor: str, owner: str) -> float:

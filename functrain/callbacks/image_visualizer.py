@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..time import TimeLike
+from ..units import TimeLike
 from .interval import Interval
 
 

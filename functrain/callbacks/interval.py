@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..time import Time, TimeLike, Timestamp, TimeUnit
+from ..units import Time, TimeLike, Timestamp, TimeUnit
 
 # The loop's default `log_interval` (functrain.fit); used when the context does not say.
 DEFAULT_LOG_INTERVAL = "10ba"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from ..time import TimeLike
 from ..tree import leaves_with_paths
+from ..units import TimeLike
 from .interval import LogCadence
 
 _LR_NAMES = ("lr", "learning_rate")

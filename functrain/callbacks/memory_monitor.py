@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..time import TimeLike
+from ..units import TimeLike
 from .interval import LogCadence
 
 GIB = float(1 << 30)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..time import TimeLike
+from ..units import TimeLike
 from .interval import LogCadence
 
 

@@ -28,7 +28,7 @@ import torch
 
 from ..loggers.base import to_floats
 from ..parallel import full_value, norms
-from ..time import TimeLike
+from ..units import TimeLike
 from .interval import LogCadence
 
 GroupBy = str | int | Callable[[str], str]

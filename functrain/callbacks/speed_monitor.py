@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..time import TimeLike
+from ..units import TimeLike
 from .interval import LogCadence
 
 # Dense (no sparsity) peak FLOP/s from the vendors' data sheets, per precision. Matched by

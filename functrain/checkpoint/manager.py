@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 
-from .. import launch_status, teardown
-from ..time import Time, Timestamp, TimeUnit
+from ..launch import status as launch_status
+from ..parallel import teardown
+from ..units import Time, Timestamp, TimeUnit
 from . import layout, reader, retention, storage, writer
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointLeaseError
 from .lease import DEFAULT_TTL, Lease

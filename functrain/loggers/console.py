@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from ..callbacks.interval import Interval
-from ..time import TimeLike, Timestamp
+from ..units import TimeLike, Timestamp
 from .base import Logger
 
 

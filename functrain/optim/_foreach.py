@@ -173,7 +173,7 @@ def evaluate(
     Args:
         value: a number, or a schedule `schedule(t) -> float`.
         count: the transform's own update count, used when no `time` extra is given.
-        extra: the update's keyword extras (may hold `time`, a `functrain.time.Timestamp`).
+        extra: the update's keyword extras (may hold `time`, a `functrain.units.Timestamp`).
         name: what the value is, for the error.
     Returns:
         the value as a Python float.
@@ -205,7 +205,7 @@ def start_value(value: float | Callable[[Any], float]) -> float:
     try:
         return float(value(0))  # plain callables of the step count, and batch-unit schedules
     except ValueError:  # a horizon is needed: functrain schedules in epoch or duration units
-        from ..time import Timestamp
+        from ..units import Timestamp
 
         return float(value(Timestamp(batches_per_epoch=1, max_batches=1)))
 

@@ -6,7 +6,7 @@ An optimizer is a pair of pure functions, exactly as in optax:
 - `update(grads, state, params=None, **extra) -> (updates, state)`: turn gradients into updates.
 
 Updates are *added* to the parameters by `apply_updates` (the learning rate is negated inside the
-optimizer). `extra` carries optional context: `time` (a `functrain.time.Timestamp`, read by
+optimizer). `extra` carries optional context: `time` (a `functrain.units.Timestamp`, read by
 schedules) and `donate=True` (the transform may overwrite `grads` and its own state tensors in
 place, the fast path `fit` uses). Transforms ignore extras they do not know. Without `donate` an
 update is pure: its inputs are never modified.

@@ -411,7 +411,7 @@ def fused_plan(transform: Any, params: Mapping[str, torch.Tensor]) -> FusedPlan 
 
 
 def _plan_for(transform: Any, params: Mapping[str, torch.Tensor]) -> FusedPlan:
-    from ..time import Timestamp
+    from ..units import Timestamp
 
     state = transform.init(params)
     grads = {k: torch.zeros_like(v) for k, v in params.items()}

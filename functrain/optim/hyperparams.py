@@ -3,7 +3,7 @@
 `inject_hyperparams(factory)(lr=schedule, weight_decay=0.05)` evaluates every numeric or
 scheduled hyperparameter at each update, stores the values in the state as Python floats (so they
 checkpoint and can be logged), and rebuilds `factory(**values)` to do the update. A schedule is a
-callable `schedule(t) -> float`; `t` is `extra["time"]` (a `functrain.time.Timestamp`) when the
+callable `schedule(t) -> float`; `t` is `extra["time"]` (a `functrain.units.Timestamp`) when the
 update gets one, else the transform's own update count.
 
 Example:

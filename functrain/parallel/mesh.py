@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .. import teardown
+from . import teardown
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 DP_DIMS = ("dp_replicate", "dp_shard")
@@ -63,7 +63,7 @@ def init_distributed(
     none of it set, makes a one-process world in memory (no ports, no files), so the same script
     runs with `python train.py` and with `python -m functrain.launch -n 4 train.py`. Processes
     started another way (`torch.multiprocessing.spawn`) pass `init_method` with their rank.
-    Either way the groups and their threads are torn down at exit (`functrain.teardown`).
+    Either way the groups and their threads are torn down at exit (`functrain.parallel.teardown`).
 
     Args:
         backend: "gloo", "nccl", ... (None: nccl for CUDA with gloo for CPU tensors, else gloo).
@@ -109,7 +109,7 @@ def init_distributed(
     else:
         store = dist.HashStore()  # one process: nothing to rendezvous with
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
-    # At exit functrain.teardown destroys the groups and joins gloo's threads (a rank that
+    # At exit functrain.parallel.teardown destroys the groups and joins gloo's threads (a rank that
     # exits with them alive can abort).
     return dist.get_rank(), dist.get_world_size()
 
@@ -134,7 +134,7 @@ def _attempt_store(timeout: datetime.timedelta) -> tuple[Any, int, int]:
 def shutdown() -> None:
     """Destroy the process groups and stop their threads (safe to call twice).
 
-    Never needed at the end of a script: `functrain.teardown` does it at exit, in an order that
+    Never needed at the end of a script: `functrain.parallel.teardown` does it at exit, in an order that
     cannot abort. Call it to release the groups earlier. (No module here holds a mesh or a
     group: they live in the states' layouts, so nothing is left to forget first.)
     """

@@ -15,7 +15,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..time import Time, TimeLike, Timestamp, TimeUnit
+from ..units import Time, TimeLike, Timestamp, TimeUnit
 
 __all__ = ["Schedule", "Scaled", "from_config"]
 

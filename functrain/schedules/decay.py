@@ -17,7 +17,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..time import Time, TimeLike, Timestamp
+from ..units import Time, TimeLike, Timestamp
 from .base import Schedule, _clip01, _count, _number, _on_axis, _reached, _schedule_time
 
 __all__ = [

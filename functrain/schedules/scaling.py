@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..time import Time, TimeLike, TimeUnit
+from ..units import Time, TimeLike, TimeUnit
 from .base import _EPS, Schedule, _number
 
 __all__ = ["scale_schedule_ratio", "scale_duration"]

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..time import Time, TimeLike, Timestamp, TimeUnit
+from ..units import Time, TimeLike, Timestamp, TimeUnit
 from .base import Schedule, _clip01, _number, _on_axis, _reached, _schedule_time
 from .decay import _cosine, _milestones
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import functrain
-from functrain.activation_memory import held_activation_bytes
+from bench.held_activations import held_activation_bytes
 from functrain.algorithms import activation_checkpointing, label_smoothing
 from functrain.algorithms.activation_checkpointing import ATTENTION_OPS, MATMUL_OPS
 from functrain.checkpoint import Manager

@@ -13,9 +13,9 @@ from functrain.algorithms.mixed_targets import (
     resolving_loss,
 )
 from functrain.algorithms.mixup import mixup
-from functrain.batching import split_batch
-from functrain.model_calls import ModelCalls
-from functrain.step import normalize_loss
+from functrain.step.batching import split_batch
+from functrain.step.make import normalize_loss
+from functrain.step.model_calls import ModelCalls
 
 
 class CountingLinear(torch.nn.Linear):

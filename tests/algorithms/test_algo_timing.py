@@ -9,7 +9,7 @@ from functrain.algorithms.timing import (
     epochs_completed,
     reached,
 )
-from functrain.time import Time, Timestamp, TimeUnit
+from functrain.units import Time, Timestamp, TimeUnit
 
 
 def test_epoch_end_counts_the_epoch_the_last_batch_finished():

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from functrain.callbacks import interval as interval_lib
 from functrain.callbacks.interval import Interval, LogCadence
-from functrain.horizon import Every
-from functrain.time import Time, Timestamp
+from functrain.loop.horizon import Every
+from functrain.units import Time, Timestamp
 
 
 @settings(max_examples=40, deadline=None)

@@ -26,9 +26,9 @@ from functrain.callbacks import (
     ThresholdStopper,
 )
 from functrain.data import Loader
-from functrain.events import CallbackError
 from functrain.loggers import ConsoleLogger, JSONLLogger, ProgressBar, TensorBoardLogger
 from functrain.loop import fit
+from functrain.loop.events import CallbackError
 from functrain.plot import plot_run
 
 

@@ -18,7 +18,7 @@ import functrain
 from functrain import checkpoint
 from functrain.checkpoint import Manager, retained_steps, writer
 from functrain.checkpoint.errors import CheckpointError
-from functrain.time import Timestamp
+from functrain.units import Timestamp
 
 LEASE_FILES = {"LEASE.json"}  # the run's lease of the root (see test_lease)
 

@@ -15,9 +15,10 @@ import torch
 import untrusted_attacks as atk
 from ckpt_helpers import blank_like, make_state, same_bits
 
-from functrain import checkpoint, events
+from functrain import checkpoint
 from functrain.checkpoint import layout, verify
 from functrain.checkpoint.errors import CheckpointCorruptError, CheckpointError
+from functrain.loop import events
 
 W = "params.fc.weight"
 

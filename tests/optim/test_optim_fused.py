@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import functrain
 from functrain import optim, schedules
-from functrain.time import Timestamp
 from functrain.tree import tree_allclose, tree_clone, tree_flatten
+from functrain.units import Timestamp
 
 COSINE = 1e-2 * schedules.cosine_annealing_with_warmup("2ba", t_max="20ba")
 
@@ -320,7 +320,7 @@ def test_a_given_norm_is_ignored_when_a_masked_optimizer_sees_fewer_gradients():
 def test_the_step_does_not_hand_its_norm_over_when_an_algorithm_changed_the_gradients():
     """The norm metric is of the gradients before `transform_grads`; a clip after an algorithm
     that scales them must clip by the norm of what it receives (computed here by hand)."""
-    from functrain.pieces import Algorithm
+    from functrain.step.pieces import Algorithm
 
     def times_ten(pieces):
         return pieces._replace(transform_grads=lambda g, s: {k: 10 * v for k, v in g.items()})

@@ -17,8 +17,8 @@ from functrain.optim import (
     multi_steps,
     sgd,
 )
-from functrain.time import Timestamp
 from functrain.tree import leaves_with_paths
+from functrain.units import Timestamp
 
 
 def _batches(t):
@@ -111,7 +111,7 @@ def test_schedules_in_epoch_and_duration_units_initialise_without_a_horizon():
     # init runs before fit knows the run's length; the value at time 0 needs no horizon.
     from functrain import schedules
     from functrain.optim import adamw, inject_hyperparams
-    from functrain.time import Timestamp
+    from functrain.units import Timestamp
 
     params = {"w": torch.zeros(2)}
     lr = 1e-3 * schedules.cosine_annealing_with_warmup(t_warmup="1ep", t_max="1dur")

@@ -11,7 +11,7 @@ from functrain.optim import (
     scale,
     scale_by_learning_rate,
 )
-from functrain.time import Timestamp
+from functrain.units import Timestamp
 
 
 def test_scale():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from functrain import optim
-from functrain.time import Timestamp
+from functrain.units import Timestamp
 
 FACTORIES = {
     "sgd": optim.sgd,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import strategies as st
 
 from functrain import schedules as S
-from functrain.time import Timestamp
+from functrain.units import Timestamp
 
 close = dict(rel=1e-9, abs=1e-12)
 

@@ -14,7 +14,7 @@ from sched_helpers import ref_cos, schedule_and_reference
 
 from functrain import schedules as S
 from functrain.schedules import base
-from functrain.time import Time, Timestamp
+from functrain.units import Time, Timestamp
 
 # ---- units and horizons ------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from sched_helpers import (
 
 from functrain import schedules as S
 from functrain.schedules import decay
-from functrain.time import Time, Timestamp
+from functrain.units import Time, Timestamp
 
 # ---- values against Composer's formulas --------------------------------------------------------
 

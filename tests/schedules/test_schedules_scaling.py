@@ -11,7 +11,7 @@ from sched_helpers import close, schedule_and_reference, ts_
 
 from functrain import schedules as S
 from functrain.schedules import scaling
-from functrain.time import Time, Timestamp
+from functrain.units import Time, Timestamp
 
 ratios = st.sampled_from([0.25, 0.5, 1.5, 2.0, 3.0, 10.0])
 

@@ -1,7 +1,7 @@
-"""`fit`: the training driver, and with `functrain.evaluation` the only place with side effects.
+"""`fit`: the training driver, and with `functrain.loop.evaluation` the only place with side effects.
 
 `fit` feeds batches to a step `(state, batch) -> (state, metrics)` until the run's duration is
-reached, emitting the events of `functrain.events` to callbacks and loggers, evaluating and
+reached, emitting the events of `functrain.loop.events` to callbacks and loggers, evaluating and
 checkpointing at their intervals. Everything a run is lives in the returned state (the data
 position is its timestamp's epoch and batch), so calling `fit` again with a longer duration
 continues the run, and `autoresume=True` continues from the newest checkpoint.
@@ -24,12 +24,12 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..units import TimeLike
 from .evaluation import evaluate, predict
-from .fit_options import FitOptions
-from .fit_run import FitRun, StepError
-from .time import TimeLike
+from .options import FitOptions
+from .run import FitRun, StepError
 
-# `evaluate` and `predict` live in functrain.evaluation; re-exported for `from functrain.loop
+# `evaluate` and `predict` live in functrain.loop.evaluation; re-exported for `from functrain.loop
 # import evaluate, predict`.
 __all__ = ["StepError", "evaluate", "fit", "predict"]
 
@@ -90,7 +90,7 @@ def fit(
             "outputs" (`loss_fn` returns `loss, {"outputs": logits}`) and, optionally, the
             targets under "targets" (else `batch[target_key]`). Logged as "train/<name>" at
             each log interval, over the batches since the previous one.
-        callbacks: objects with a method per event they handle (see `functrain.events`).
+        callbacks: objects with a method per event they handle (see `functrain.loop.events`).
         loggers: callbacks that also have `log_metrics(metrics, step)`.
         checkpoints: a `functrain.checkpoint.Manager`, or a directory for one that saves every
             epoch (closed when fit returns); saved when `should_save(timestamp)` says so, when
@@ -114,7 +114,7 @@ def fit(
     Raises:
         ValueError: a bad duration/interval string, empty data, or data that changed under a
             mid-epoch resume. `StepError`: the step failed on a batch (its position and shape
-            are named). `functrain.events.CallbackError`: a callback raised.
+            are named). `functrain.loop.events.CallbackError`: a callback raised.
             `functrain.checkpoint.CheckpointMismatchError`: the newest checkpoint does not fit
             the step's state. In every case any in-flight checkpoint save finishes first, so
             checkpoints on disk stay intact.

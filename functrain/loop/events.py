@@ -116,7 +116,7 @@ class Context:
         rank: this process's data-parallel rank; `world_size` the number of data-parallel ranks.
         run_dir: the run's directory (None when fit got none).
         loggers: the loggers `ctx.log` writes to.
-        duration: the run's length as given to fit (a `functrain.time.Time`), else None.
+        duration: the run's length as given to fit (a `functrain.units.Time`), else None.
         log_interval: how often fit sends the step's metrics to the loggers (a `Time`).
         checkpoint_path: the path of the newest checkpoint written (at CHECKPOINT and after).
         resumed_from: the checkpoint the run resumed from, if any.
@@ -172,7 +172,7 @@ class Context:
 
     @property
     def timestamp(self):
-        """The current `functrain.time.Timestamp` (`state.timestamp`)."""
+        """The current `functrain.units.Timestamp` (`state.timestamp`)."""
         state = self.state
         return None if state is None else state.timestamp
 
@@ -233,7 +233,7 @@ def scalar_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float
         {'loss': 0.5, 'n/a': 1.0}
     """
     # Imported here: functrain.loggers imports the callbacks, which import this module.
-    from .loggers.base import to_floats
+    from ..loggers.base import to_floats
 
     def without_flags(tree: Mapping[str, Any]) -> dict[str, Any]:
         # Flags (a bool such as "skipped") are not measurements; to_floats would keep them.

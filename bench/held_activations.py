@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .pieces import StepPieces
+from functrain.step.pieces import StepPieces
 
 
 class _Outputs(TorchDispatchMode):

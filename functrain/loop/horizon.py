@@ -20,8 +20,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .data import DataSource, Loader
-from .time import Time, Timestamp, TimeUnit
+from ..data import DataSource, Loader
+from ..units import Time, Timestamp, TimeUnit
 
 
 def parse_time(value: Any, what: str, allow_none: bool = False) -> Time | None:

@@ -27,10 +27,10 @@ from typing import Any
 
 import optree
 
-from .batching import num_samples
-from .state import TrainState
-from .time import Timestamp
-from .tree import NAMESPACE, fast_replace, register_dataclass
+from ..state import TrainState
+from ..step.batching import num_samples
+from ..tree import NAMESPACE, fast_replace, register_dataclass
+from ..units import Timestamp
 
 __all__ = ["FitState", "advance", "map_train_states", "share_horizon"]
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .state import TrainState
+from ..state import TrainState
 
 Batch = Any
 

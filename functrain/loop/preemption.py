@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint import CheckpointMismatchError
-from .data import DataSource
+from ..checkpoint import CheckpointMismatchError
+from ..data import DataSource
 from .events import decode_state, encode_state
 
 if TYPE_CHECKING:  # the checkpoint machinery (tensorstore) is imported by a run that checkpoints
-    from .checkpoint import Manager
+    from ..checkpoint import Manager
 
 __all__ = [
     "CALLBACKS_KEY",
@@ -186,7 +186,7 @@ def checkpoint_manager(checkpoints: Manager | str | os.PathLike | None) -> Manag
     """
     if checkpoints is None:
         return None
-    from .checkpoint import Manager
+    from ..checkpoint import Manager
 
     if isinstance(checkpoints, Manager):
         return checkpoints
@@ -309,7 +309,7 @@ def _mismatch_help(path: str | None, error: CheckpointMismatchError) -> str:
 @contextlib.contextmanager
 def _saved_state(file: str, key: str, what: str):
     """Turn a failure to read saved loop state into a CheckpointError naming file and fix."""
-    from .checkpoint import CheckpointError
+    from ..checkpoint import CheckpointError
 
     try:
         yield
@@ -326,7 +326,7 @@ def _saved_state(file: str, key: str, what: str):
 
 def _saved_loop_extra(path: str, storage_options: dict | None) -> dict[str, Any]:
     """The `extra["callbacks"]` and `extra["data"]` strings of the checkpoint at `path`."""
-    from .checkpoint import describe
+    from ..checkpoint import describe
 
     found: dict[str, Any] = {}
     for record in describe(path, storage_options).records:

@@ -24,11 +24,11 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from .optim import current_lr
-from .optim._foreach import is_dtensor
-from .optim.hyperparams import LR_NAMES
-from .step_checks import check_opt_state
-from .tree import NAMESPACE, key_to_str
+from ..optim import current_lr
+from ..optim._foreach import is_dtensor
+from ..optim.hyperparams import LR_NAMES
+from ..tree import NAMESPACE, key_to_str
+from .checks import check_opt_state
 
 _LOOKUP_ERRORS = (KeyError, IndexError, AttributeError, TypeError, ValueError)
 

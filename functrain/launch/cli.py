@@ -23,8 +23,8 @@ Ctrl-C — unless the stopped ranks exited with a nonzero code of their own, whi
 
 Each rank runs inside a small wrapper (this module's `--worker` mode) that records an uncaught
 exception for torchrun, and the rank's exit code and stop signals for the launcher
-(`functrain.launch_status`); the process groups and their threads are torn down at exit by
-`functrain.teardown`.
+(`functrain.launch.status`); the process groups and their threads are torn down at exit by
+`functrain.parallel.teardown`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from . import launch_status as status
+from . import status
 
 _PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
@@ -243,7 +243,7 @@ def _worker(argv: list[str]) -> int:
     """One rank: run the script or module as `__main__`, recording an uncaught error."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from . import teardown
+    from ..parallel import teardown
 
     as_module = argv[:1] == ["-m"]
     if as_module:
@@ -280,7 +280,3 @@ def _system_exit_code(exit_: SystemExit) -> int:
     if exit_.code is None:
         return 0
     return exit_.code if isinstance(exit_.code, int) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

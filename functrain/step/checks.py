@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from ..optim._foreach import is_dtensor
 from . import precision as precision_lib
-from .optim._foreach import is_dtensor
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SHOWN = 5  # problems listed in one error

@@ -21,12 +21,16 @@ from typing import Any
 
 import torch
 
-from . import fit_report as report
-from .batching import to_device
-from .data import DataSource, place
+from ..data import DataSource, place
+from ..loggers import JSONLLogger, ProgressBar
+from ..rng import RngState, seed_for
+from ..state import TrainState
+from ..step.batching import to_device
+from ..step.protocol import as_step
+from ..units import Timestamp, TimeUnit
+from . import report
 from .evaluation import describe_batch, dp_info, run_eval, state_device
 from .events import Context, Event, dispatch, unique_names
-from .fit_options import FitOptions, FitResult
 from .fit_state import FitState, advance, share_horizon
 from .horizon import (
     Every,
@@ -35,7 +39,7 @@ from .horizon import (
     max_batches_for,
     run_finished,
 )
-from .loggers import JSONLLogger, ProgressBar
+from .options import FitOptions, FitResult
 from .preemption import (
     Boundary,
     StopKind,
@@ -47,10 +51,6 @@ from .preemption import (
     wait_for_saves,
     with_loop_extra,
 )
-from .rng import RngState, seed_for
-from .state import TrainState
-from .step_protocol import as_step
-from .time import Timestamp, TimeUnit
 
 __all__ = ["FitRun", "StepError"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .tree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..tree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 
 def num_samples(batch: Any) -> int:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain.time import ACCEPTED_FORMS, Time, Timestamp, TimeUnit
 from functrain.tree import NAMESPACE, leaves_with_paths
+from functrain.units import ACCEPTED_FORMS, Time, Timestamp, TimeUnit
 
 COUNT_UNITS = ["ep", "ba", "sp", "tok"]
 ALL_UNITS = [u.value for u in TimeUnit]
@@ -276,9 +276,9 @@ def test_timestamp_is_a_pytree_with_named_leaves():
 def test_docstring_examples_run():
     import doctest
 
-    import functrain.time
+    import functrain.units
 
-    assert doctest.testmod(functrain.time).failed == 0
+    assert doctest.testmod(functrain.units).failed == 0
 
 
 # -- mutation-testing survivors of functrain/time.py (bench mutants, issue 17) ------------------

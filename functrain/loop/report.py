@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .time import Time
+from ..units import Time
 
 __all__ = ["already_finished", "length_changed", "resumed", "stopped", "where"]
 

@@ -4,7 +4,7 @@
 report the same numbers. The model runs through the step's `evaluator().call_model` (a step) or
 `torch.func.functional_call` (a plain module with a state's tensors), in eval mode. The loss and
 the metrics share one forward pass: `loss_fn` and `eval_fn` receive a
-`functrain.model_calls.ModelCalls`, so `eval_fn` calling the model with the same tensors as
+`functrain.step.model_calls.ModelCalls`, so `eval_fn` calling the model with the same tensors as
 `loss_fn` did gets the outputs `loss_fn` saw; without `eval_fn` the metrics use the outputs of
 `loss_fn`'s first model call (or `model(batch[input_key])` when there is no loss).
 
@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from .batching import to_device
-from .data import place
+from ..data import place
+from ..metrics import Mean, resolve_metrics
+from ..state import TrainState
+from ..step.batching import to_device
+from ..step.model_calls import ModelCalls
+from ..step.pieces import normalize_loss
+from ..step.protocol import as_step
 from .events import Context, Event, dispatch
-from .metrics import Mean, resolve_metrics
-from .model_calls import ModelCalls
-from .pieces import normalize_loss
-from .state import TrainState
-from .step_protocol import as_step
 
 __all__ = ["describe_batch", "evaluate", "predict"]
 
@@ -41,8 +41,8 @@ def dp_info(state: Any) -> tuple[int, int]:
     """
     import optree
 
-    from .parallel import data_parallel_info
-    from .tree import NAMESPACE
+    from ..parallel import data_parallel_info
+    from ..tree import NAMESPACE
 
     states = optree.tree_leaves(
         state, is_leaf=lambda x: isinstance(x, TrainState), namespace=NAMESPACE
@@ -61,7 +61,7 @@ def state_device(state: Any) -> torch.device | None:
 
     `state` is a `TrainState`, or a pytree of states (a step over several models): then the
     device of its first tensor."""
-    from .tree import tree_leaves
+    from ..tree import tree_leaves
 
     tensors = state.params.values() if isinstance(state, TrainState) else tree_leaves(state)
     for tensor in tensors:
@@ -203,7 +203,7 @@ def run_eval(
 
 
 def _batch_size(batch: Any) -> int:
-    from .batching import num_samples
+    from ..step.batching import num_samples
 
     try:
         return num_samples(batch)

@@ -14,8 +14,8 @@ and returns the state with `step` and the timestamp advanced, and the metrics. T
 a `StepPieces` record on the step (`step.pieces`). A speedup algorithm is an `Algorithm` whose
 `apply` rewrites some pieces and leaves the others alone, so `compose(step, label_smoothing(0.1),
 ema())` is ordinary function composition. The step's own options are algorithms too, composed
-first: `precision="amp_fp16"` is `functrain.precision.loss_scaling()`, `skip_nonfinite=True` is
-`functrain.guards.skip_nonfinite()`.
+first: `precision="amp_fp16"` is `functrain.step.precision.loss_scaling()`, `skip_nonfinite=True` is
+`functrain.step.guards.skip_nonfinite()`.
 
 Purity contract: by default a step never modifies the input state (new tensors are returned, and
 BatchNorm statistics are updated on copies). `donate=True` (JAX's `donate_argnums`) lets the step
@@ -29,7 +29,7 @@ a run is a pure function of its seed.
 
 Decided once: the step checks an optimizer state against the parameters, finds where its learning
 rate lives and how to take the gradient norm when it first sees a state it did not produce (see
-`functrain.step_plan`); later calls on its own outputs only reuse those decisions.
+`functrain.step.plan`); later calls on its own outputs only reuse those decisions.
 
 Example:
     >>> model = torch.nn.Linear(4, 1)
@@ -52,14 +52,18 @@ from typing import Any
 
 import torch
 
+from ..optim import FusedCache, apply_updates, fused_update, global_norm
+from ..optim._foreach import is_dtensor, placed_alike
+from ..optim.buffers import BufferPool
+from ..parallel import compute as parallel_compute
+from ..parallel import data_parallel_info, norms
+from ..state import TrainState
+from ..tree import tree_flatten, tree_unflatten
 from . import precision as precision_lib
 from .batching import num_samples
+from .checks import check_config, check_surgery_applied
+from .grads import GradsPiece
 from .guards import skip_nonfinite
-from .optim import FusedCache, apply_updates, fused_update, global_norm
-from .optim._foreach import is_dtensor, placed_alike
-from .optim.buffers import BufferPool
-from .parallel import compute as parallel_compute
-from .parallel import data_parallel_info, norms
 from .pieces import (
     Algorithm,
     Batch,
@@ -69,12 +73,8 @@ from .pieces import (
     no_guard,
     normalize_loss,
 )
-from .state import TrainState
-from .step_checks import check_config, check_surgery_applied
-from .step_grads import GradsPiece
-from .step_plan import Plans, StatePlan
-from .step_protocol import Evaluator
-from .tree import tree_flatten, tree_unflatten
+from .plan import Plans, StatePlan
+from .protocol import Evaluator
 
 __all__ = ["Algorithm", "GradResult", "Step", "StepPieces", "compose", "make_step"]
 

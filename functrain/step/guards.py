@@ -4,7 +4,7 @@ A guard is the step's `guard` piece, `(result, grad_norm, state) -> (state, skip
 skip, the step does not call the `update` piece at all, so nothing is written, donated or not:
 params, buffers and the optimizer state (its counters included) stay exactly as they were, and
 only `state.step` and the timestamp advance (the batch was consumed). The fp16 loss scale's guard
-lives in `functrain.precision`.
+lives in `functrain.step.precision`.
 
 Deciding needs the device's answer on the host, so a guard costs one synchronisation per step, as
 `torch.amp.GradScaler` does; a step without a guard never synchronises.

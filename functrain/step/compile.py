@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from .state import TrainState
-from .step import Step
-from .step_protocol import Evaluator
+from ..state import TrainState
+from . import Step
+from .protocol import Evaluator
 
 
 class CompiledStep:

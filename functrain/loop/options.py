@@ -24,9 +24,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..metrics import resolve_metrics
+from ..units import Time, TimeLike, TimeUnit
 from .horizon import parse_time
-from .metrics import resolve_metrics
-from .time import Time, TimeLike, TimeUnit
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_PREEMPTED", "FitOptions", "FitResult"]
 

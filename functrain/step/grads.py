@@ -21,16 +21,16 @@ from collections.abc import Callable
 
 import torch
 
+from ..optim._foreach import is_dtensor
+from ..parallel import InFlight, data_parallel_info
+from ..parallel import compute as parallel_compute
+from ..parallel import offload as parallel_offload
+from ..parallel import running as parallel_running
+from ..rng import seed_for, seeded_global_rng
+from ..state import TrainState, trainable_names
 from . import precision as precision_lib
 from .batching import num_samples, split_batch
-from .optim._foreach import is_dtensor
-from .parallel import InFlight, data_parallel_info
-from .parallel import compute as parallel_compute
-from .parallel import offload as parallel_offload
-from .parallel import running as parallel_running
 from .pieces import Batch, GradResult, StepConfig, StepPieces
-from .rng import seed_for, seeded_global_rng
-from .state import TrainState, trainable_names
 
 
 class _Apply(torch.nn.Module):
