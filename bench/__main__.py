@@ -11,6 +11,7 @@ Suites:
     exits             many short multi-rank runs: aborts and hangs at exit (bench/exits.py)
     scenarios         issue 11's scenario matrix, strength 3 or the full product (bench/scenarios.py)
     mutants           mutation testing of core modules with cosmic-ray (bench/mutants.py; not in `all`)
+    torch_versions    the core tests in one venv per torch version (bench/torch_versions.py; not in `all`)
     all               every suite above with its defaults, one after the other
 
 Each suite prints a table and writes JSON under bench/results/. Suites are imported only when run,
@@ -41,8 +42,10 @@ SUITES = {
     "exits": ("bench.exits", "main"),
     "scenarios": ("bench.scenarios", "main"),
     "mutants": ("bench.mutants", "main"),
+    "torch_versions": ("bench.torch_versions", "main"),
 }
-NOT_IN_ALL = {"mutants"}  # minutes per module: run it on its own
+# minutes per module, or gigabytes of installs per torch version: run them on their own
+NOT_IN_ALL = {"mutants", "torch_versions"}
 
 
 class SuiteMissing(RuntimeError):
