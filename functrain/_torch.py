@@ -1,0 +1,267 @@
+"""Torch's private API in one place: every private torch name functrain uses, and why.
+
+Outside this module functrain uses torch's public API only (`tests/test_torch_private.py` greps
+the package for private names). When a torch release renames or removes one of these, this is
+the one file to change; `python -m bench torch-versions` runs the core tests on the oldest
+declared torch and the newest. Each section names its users and why no public API serves.
+
+Sections:
+    lists of tensors      `torch._foreach_*`                      step, parallel, functional, optim
+    fused optimizers      `torch._fused_adam_/_adamw_/_sgd_`,      optim
+                          `torch._C._storage_Use_Count`
+    DTensor internals     `DTensor._local_tensor`, `DTensorSpec`,  parallel, step, checkpoint, optim
+                          `compute_local_shape_and_global_offset`
+    module internals      `Module._parameters/_buffers/_modules`,  step, parallel, algorithms
+                          `Module._forward_pre_hooks`
+    autograd engine       `torch._C._current_graph_task_id`,       parallel, callbacks, algorithms
+                          `_execution_engine.queue_callback`, functorch's interpreter stack
+    device meshes         `DeviceMesh._flatten`, `_pg_registry`    parallel
+    torch bugs            `torch.distributed.nn.functional` binds  parallel (teardown)
+                          `group.WORLD` as a default argument
+
+Example:
+    >>> from functrain import _torch
+    >>> _torch.foreach_add([torch.ones(2)], [torch.ones(2)])
+    [tensor([2., 2.])]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# --- lists of tensors (step, parallel, functional, optim) ----------------------------------
+# Why private: `torch._foreach_*` run one kernel (launch) over a list of tensors; the public
+# per-tensor ops cost one launch and one Python dispatch per tensor, which the step pays per
+# parameter per step. torch's own optimizers use them (torch/optim/_functional); no public API.
+
+
+def foreach(op: str, inplace: bool = False) -> Callable[..., Any]:
+    """`torch._foreach_<op>` (`torch._foreach_<op>_` when `inplace`).
+
+    Args:
+        op: the op without prefix: "mul", "add", "lerp", "copy" (with `inplace`), ...
+        inplace: the variant writing into its first argument.
+    Returns:
+        the torch function.
+    Example:
+        >>> foreach("mul")([torch.ones(2)], 2.0)
+        [tensor([2., 2.])]
+    """
+    name = f"_foreach_{op}_" if inplace else f"_foreach_{op}"
+    found = getattr(torch, name, None)
+    if found is None:
+        raise NotImplementedError(
+            f"torch {torch.__version__} has no torch.{name}; functrain needs a torch that has "
+            "it (see pyproject.toml's declared range)"
+        )
+    return found
+
+
+def foreach_copy_(dests: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """Copy each of `srcs` into the matching tensor of `dests` (one kernel)."""
+    torch._foreach_copy_(dests, srcs)
+
+
+def foreach_add(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`[x + y for x, y in zip(xs, ys)]` in one kernel."""
+    return list(torch._foreach_add(xs, ys))
+
+
+def foreach_mul(xs: list[torch.Tensor], scalar: Any) -> list[torch.Tensor]:
+    """`[x * scalar for x in xs]` in one kernel (`scalar`: a number or a 0-d tensor)."""
+    return list(torch._foreach_mul(xs, scalar))
+
+
+def foreach_div(xs: list[torch.Tensor], scalar: Any) -> list[torch.Tensor]:
+    """`[x / scalar for x in xs]` in one kernel."""
+    return list(torch._foreach_div(xs, scalar))
+
+
+def foreach_lerp(xs: list[torch.Tensor], ys: list[torch.Tensor], weight: Any) -> list:
+    """`[x + weight * (y - x) ...]` in one kernel."""
+    return list(torch._foreach_lerp(xs, ys, weight))
+
+
+def foreach_norm(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The 2-norm of each tensor of `xs` (0-d tensors), in one kernel."""
+    return list(torch._foreach_norm(xs))
+
+
+def foreach_clone(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of `xs`. `torch._foreach_clone` is missing from torch 2.6: there, one clone each."""
+    clone = getattr(torch, "_foreach_clone", None)
+    if clone is None:
+        return [x.clone() for x in xs]
+    return list(clone(xs))
+
+
+# --- fused optimizer kernels (optim) -------------------------------------------------------
+# Why private: the single-kernel Adam/AdamW/SGD updates torch.optim uses with `fused=True`;
+# torch.optim's public classes hold state in a stateful object, functrain's optimizers are pure
+# functions over their own state, so they call the kernels torch.optim calls.
+
+
+def fused_optimizer_kernel(name: str) -> Callable[..., Any] | None:
+    """`torch._fused_<name>_` ("adam", "adamw", "sgd"), or None where this torch lacks it."""
+    return getattr(torch, f"_fused_{name}_", None)
+
+
+def storage_use_count(tensor: torch.Tensor) -> int:
+    """How many tensors share `tensor`'s storage (a donated buffer no one else holds is 1).
+
+    Why private: no public API tells whether a storage is shared; `torch._C._storage_Use_Count`
+    is what torch's own `swap_tensors` checks.
+    """
+    return int(torch._C._storage_Use_Count(tensor.untyped_storage()._cdata))
+
+
+# --- DTensor internals (parallel, step, checkpoint, optim) --------------------------------
+# Why private: `DTensor.to_local()` is an autograd op (a view with a backward, and a graph node
+# per call); the step reads a DTensor's local piece outside autograd, per parameter per step,
+# and writes into it in place. Building a DTensor from an existing local piece without a
+# device check (offload keeps host shards of a mesh on the accelerator) needs its spec.
+
+
+def local_tensor(dtensor: Any) -> torch.Tensor:
+    """A DTensor's local piece (sharing its storage, no autograd node)."""
+    return dtensor._local_tensor
+
+
+def dtensor_from_spec(local: torch.Tensor, mesh: Any, placements, shape, stride) -> Any:
+    """A DTensor over `local` on `mesh`, wherever `local` lives (no device check, no copy)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    meta = TensorMeta(torch.Size(shape), tuple(stride), local.dtype)
+    spec = DTensorSpec(mesh, tuple(placements), tensor_meta=meta)
+    return DTensor(local, spec, requires_grad=local.requires_grad)
+
+
+def local_shape_and_offset(shape, mesh: Any, placements) -> tuple[tuple, tuple]:
+    """`(local shape, global offset)` of this rank's piece of a tensor of `shape` placed so.
+
+    Why private: the public `DTensor` answers it only for an existing tensor; a checkpoint
+    reader needs it before the tensor exists.
+    """
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return compute_local_shape_and_global_offset(shape, mesh, placements)
+
+
+# --- module internals (step, parallel, algorithms) -----------------------------------------
+# Why private: for the length of one forward, functrain puts tensors that are not Parameters
+# (gathered shards, the state's tensors) into a module's parameter slots and swaps children for
+# stand-ins. `setattr` refuses a plain tensor over a registered parameter and runs per-call
+# checks; `torch.func.functional_call` does the same swap with the same dicts, at a per-call
+# cost the step avoids. No public API reads a module's own (non-recursive) hooks.
+
+
+def parameter_slots(module: torch.nn.Module) -> dict[str, Any]:
+    """`module`'s own parameters, by attribute name: the dict itself (writable)."""
+    return module._parameters
+
+
+def buffer_slots(module: torch.nn.Module) -> dict[str, Any]:
+    """`module`'s own buffers, by attribute name: the dict itself (writable)."""
+    return module._buffers
+
+
+def child_slots(module: torch.nn.Module) -> dict[str, Any]:
+    """`module`'s direct children, by attribute name: the dict itself (writable)."""
+    return module._modules
+
+
+def forward_pre_hooks(module: torch.nn.Module) -> list[Any]:
+    """The forward pre-hooks registered on `module` itself, oldest first."""
+    return list(module._forward_pre_hooks.values())
+
+
+# --- autograd engine (parallel, callbacks, algorithms) -------------------------------------
+# Why private: a reduction launched inside the backward pass must be finished when that pass
+# ends; only the engine's queue runs a callback then (DDP uses the same). No public API tells
+# whether a backward pass, or a torch.func transform, is running.
+
+
+def in_backward_pass() -> bool:
+    """True while autograd's engine runs a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    """Run `callback` when the running backward pass ends (call inside one)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def functorch_transforms_active() -> bool:
+    """True inside a `torch.func` transform (`grad`, `vmap`, ...)."""
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def under_functorch_grad() -> bool:
+    """True when a `torch.func` interpreter is on the stack (its grad has no saved-tensor hooks)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+# --- device meshes (parallel) --------------------------------------------------------------
+# Why private: one process group over two mesh dims (HSDP's data-parallel group) has no public
+# constructor but `DeviceMesh._flatten` (torchtitan uses it); a mesh keeps its groups in
+# `_pg_registry`, which teardown empties so the destroyed groups' destructors run at once.
+
+
+def flatten_mesh(mesh: Any, name: str) -> Any:
+    """`mesh`'s dims flattened into one dim called `name` (cached by torch on the root mesh)."""
+    return mesh._flatten(name)
+
+
+def release_mesh_groups(mesh: Any) -> None:
+    """Drop `mesh`'s references to its process groups (the mesh is unusable afterwards)."""
+    registry = getattr(mesh, "_pg_registry", None)
+    if isinstance(registry, dict):
+        registry.clear()
+
+
+# --- torch bugs worked around (parallel) ---------------------------------------------------
+# `torch.distributed.nn.functional` declares `def broadcast(tensor, src, group=group.WORLD)`
+# and so on (torch/distributed/nn/functional.py): `group.WORLD` is evaluated when the module is
+# imported. Imported after `init_process_group` (DTensor's constructor imports it through
+# torch._dynamo), each default is the default process group object itself, which then can never
+# be freed: its gloo worker threads outlive `destroy_process_group` into interpreter exit, where
+# one can abort the process. The defaults date from the module's introduction
+# (https://github.com/pytorch/pytorch/pull/40762) and are unchanged in
+# https://github.com/pytorch/pytorch/blob/main/torch/distributed/nn/functional.py.
+# `tests/test_torch_private.py::test_world_default_still_bound` shows it still happens.
+
+WORLD_DEFAULTS_MODULE = "torch.distributed.nn.functional"
+
+
+def world_group_defaults() -> list[str]:
+    """Names of `torch.distributed.nn.functional`'s functions whose defaults hold a group."""
+    module = sys.modules.get(WORLD_DEFAULTS_MODULE)
+    if module is None:
+        return []
+    from torch.distributed import ProcessGroup
+
+    return [
+        name
+        for name, value in vars(module).items()
+        if any(ProcessGroup in type(d).__mro__ for d in getattr(value, "__defaults__", None) or ())
+    ]
+
+
+def release_world_defaults() -> None:
+    """Set the process-group defaults of `torch.distributed.nn.functional` back to None (the
+    default group, looked up at call time), once the groups are destroyed."""
+    module = sys.modules.get(WORLD_DEFAULTS_MODULE)
+    if module is None:
+        return
+    from torch.distributed import ProcessGroup
+
+    for name in world_group_defaults():
+        value = getattr(module, name)
+        value.__defaults__ = tuple(
+            None if ProcessGroup in type(d).__mro__ else d for d in value.__defaults__
+        )
