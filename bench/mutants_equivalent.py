@@ -267,7 +267,7 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
 
 
 # Survivors that are not equivalent and not (yet) killed: why, so the next round can pick them up.
-# (Every entry of earlier rounds whose mutant a test now kills was removed; see MUTANTS.md.)
+# (Every entry of earlier rounds whose mutant a test now kills was removed; see docs/mutation_testing.md.)
 NOT_KILLED: dict[tuple[str, int, str], str] = {
     ("functrain/functional/sam.py", 38, "core/NumberReplacer"): (
         "`names[0]` -> `names[-1]`: the device the scale is moved to, taken from the first or the "
