@@ -27,7 +27,8 @@ After the warm-up, `tau_w = (t - t_warmup) / (t_max - t_warmup)`, clipped to [0,
 `t_max <= t_warmup`), takes the place of `t / t_max` in the schedule's formula.
 
 Modules: `base` (the `Schedule` base class, `Scaled`, config, how time is measured), `decay`
-(schedules without warm-up), `warmup` (with warm-up), `scaling` (scale schedule ratio).
+(schedules without warm-up), `warmup` (with warm-up), `one_cycle` (torch's `OneCycleLR`:
+an lr multiplier and a momentum), `scaling` (scale schedule ratio).
 
 Example:
     >>> lr = 1e-3 * cosine_annealing_with_warmup(t_warmup="10ba", t_max="110ba")
@@ -53,6 +54,12 @@ from .decay import (
     multistep,
     polynomial,
     step,
+)
+from .one_cycle import (
+    OneCycleMomentumSchedule,
+    OneCycleSchedule,
+    one_cycle,
+    one_cycle_momentum,
 )
 from .scaling import scale_duration, scale_schedule_ratio
 from .warmup import (
@@ -97,6 +104,10 @@ __all__ = [
     "cosine_annealing_with_warmup",
     "polynomial_with_warmup",
     "multistep_with_warmup",
+    "OneCycleSchedule",
+    "OneCycleMomentumSchedule",
+    "one_cycle",
+    "one_cycle_momentum",
     "scale_schedule_ratio",
     "scale_duration",
     "from_config",
