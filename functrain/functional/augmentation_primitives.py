@@ -102,13 +102,19 @@ def affine(images: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
     output pixel's centre; a point outside the input image gives the fill value (0), and a point
     inside it interpolates its four neighbours with the edge pixels repeated, so an image's
     border ring is not blended with black (`grid_sample` with zero padding would be).
+    On uint8 images the arithmetic is PIL's to the bit: float64 on the 8-bit levels, each blend
+    `a + (b - a) * t`, and the result truncated to an integer level (PIL's C cast, not rounding),
+    so every pixel equals PIL's.
 
     Args:
-        images: `(N, C, H, W)`.
+        images: `(N, C, H, W)`, float or uint8.
         matrices: `(N, 6)` rows `(a, b, c, d, e, f)` in pixel units (x = column, y = row).
     Returns:
-        the transformed images.
+        the transformed images, in `images`' dtype.
     """
+    if images.dtype == torch.uint8:
+        levels = affine(images.to(torch.float64), matrices)
+        return levels.trunc().clamp(0, 255).to(torch.uint8)
     n, channels, height, width = images.shape
     m = matrices.to(device=images.device, dtype=torch.float64).view(n, 6, 1, 1)
     ys = torch.arange(height, device=images.device, dtype=torch.float64).view(1, height, 1) + 0.5
@@ -128,9 +134,12 @@ def affine(images: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
         index = (row * width + col).view(n, 1, height * width).expand(n, channels, -1)
         return flat.gather(2, index).view(n, channels, height, width)
 
-    top = tap(y0, x0) * (1 - dx) + tap(y0, x0 + 1) * dx
-    bottom = tap(y0 + 1, x0) * (1 - dx) + tap(y0 + 1, x0 + 1) * dx
-    out = top * (1 - dy) + bottom * dy
+    def lerp(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return a + (b - a) * t  # PIL's form: on uint8 levels the truncation then agrees exactly
+
+    top = lerp(tap(y0, x0), tap(y0, x0 + 1), dx)
+    bottom = lerp(tap(y0 + 1, x0), tap(y0 + 1, x0 + 1), dx)
+    out = lerp(top, bottom, dy)
     return torch.where(inside.unsqueeze(1), out, torch.zeros((), dtype=out.dtype))
 
 
@@ -181,17 +190,30 @@ def posterize(images: torch.Tensor, level: float, generator: torch.Generator) ->
     return _dequantize(_quantize(images) & mask.to(images.device).view(-1, 1, 1, 1), images)
 
 
+def rotation_matrix(degrees: float, width: int, height: int) -> list[float]:
+    """PIL's `Image.rotate` map (output -> input) about the image centre, built as PIL builds it.
+
+    The angle is reduced modulo 360 and the cosine and sine rounded to 15 decimals as PIL does, so
+    the map, and with it every truncated uint8 pixel, is PIL's bit for bit (PIL's exact
+    transposes for multiples of 90 degrees aside).
+
+    Example:
+        >>> rotation_matrix(0, 4, 4)
+        [1.0, 0.0, 0.0, -0.0, 1.0, 0.0]
+    """
+    theta = -math.radians(degrees % 360.0)
+    cos, sin = round(math.cos(theta), 15), round(math.sin(theta), 15)
+    a, b, d, e = cos, sin, -sin, cos
+    cx, cy = width / 2.0, height / 2.0
+    return [a, b, a * -cx + b * -cy + 0.0 + cx, d, e, d * -cx + e * -cy + 0.0 + cy]
+
+
 def rotate(images: torch.Tensor, level: float, generator: torch.Generator) -> torch.Tensor:
     """Rotate about the centre by `int(U(0.1, level) * 3)` degrees, either direction (PIL's sense)."""
     n, _, height, width = images.shape
     degrees = _random_sign(_int_parameter(_sample_level(level, n, generator), 30), generator)
-    theta = -torch.deg2rad(degrees)
-    a, b = torch.cos(theta), torch.sin(theta)
-    d, e = -torch.sin(theta), torch.cos(theta)
-    cx, cy = width / 2.0, height / 2.0
-    c = a * -cx + b * -cy + cx
-    f = d * -cx + e * -cy + cy
-    return affine(images, torch.stack((a, b, c, d, e, f), dim=1))
+    rows = [rotation_matrix(float(deg), width, height) for deg in degrees.tolist()]
+    return affine(images, torch.tensor(rows, dtype=torch.float64).view(n, 6))
 
 
 def solarize(images: torch.Tensor, level: float, generator: torch.Generator) -> torch.Tensor:

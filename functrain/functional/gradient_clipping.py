@@ -7,8 +7,9 @@ DTensor-aware and sync-free), for use outside an optimizer chain:
 - `clip_grad_value`: clamp each entry to `[-clip_value, clip_value]`.
 - `adaptive_clip_grad` (AGC, Brock et al., 2021): per output unit (a row of a weight, a whole
   bias), scale the gradient down to `threshold * max(|w|, eps)` when its norm exceeds that.
-  `eps=0` is Composer's exact rule; the default `eps=1e-3` (the paper's) lets zero-initialised
-  units learn.
+  `eps=0` is Composer's exact rule (a unit whose weights are all zero gets a zero gradient);
+  the default `eps=1e-3` (the paper's) lets zero-initialised units learn.
+  `apply_gradient_clipping(model, "adaptive", ...)`, Composer's front, uses `eps=0`.
 
 Example:
     >>> grads = {"w": torch.tensor([3.0, 4.0])}
@@ -85,7 +86,9 @@ def apply_gradient_clipping(
 
     Composer clips every `p.grad` of the model in place; this returns them clipped instead (write
     them back with `p.grad.copy_(...)` if a plain PyTorch loop needs it; inside functrain, compose
-    `functrain.algorithms.gradient_clipping` into the step).
+    `functrain.algorithms.gradient_clipping` into the step). "adaptive" is Composer's rule
+    exactly: no floor on the weight norm, so a unit whose weights are all zero gets a zero
+    gradient (`adaptive_clip_grad`'s default floor of 1e-3 would let it through).
 
     Args:
         model: an `nn.Module` whose parameters hold `.grad`, or `{name: grad}` ("adaptive" then
@@ -115,4 +118,4 @@ def apply_gradient_clipping(
         return clip_grad_value(grads, clipping_threshold)
     if params is None:
         raise TypeError("adaptive clipping needs the weights: pass the nn.Module, not gradients")
-    return adaptive_clip_grad(grads, params, clipping_threshold)
+    return adaptive_clip_grad(grads, params, clipping_threshold, eps=0.0)

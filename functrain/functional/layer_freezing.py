@@ -1,9 +1,10 @@
 """Layer freezing (FreezeOut-style): progressively stop training the earliest layers.
 
 No layer is frozen until `freeze_start` of training has passed; then the frozen fraction grows
-linearly to `freeze_level` at the end of training. A "layer" is a module that owns parameters,
-in the order `named_parameters()` lists them (the model's definition order); the last layer is
-never frozen.
+linearly to `freeze_level` at the end of training. A "layer" is, as in Composer, a leaf module
+(one without children) that owns parameters, in the model's definition order; the last layer is
+never frozen. A parameter owned directly by a module with children (a ViT's `cls_token`) belongs
+to no layer: it is neither counted nor frozen.
 
 Example:
     >>> freeze_fraction(0.75, freeze_start=0.5, freeze_level=1.0)
@@ -31,12 +32,48 @@ def freeze_fraction(elapsed: float, freeze_start: float = 0.5, freeze_level: flo
 
 
 def layers_of(param_names: Iterable[str]) -> list[list[str]]:
-    """Parameter names grouped by owning module, in first-appearance order."""
+    """Parameter names grouped by owning leaf module, in first-appearance order.
+
+    From names alone a module is a leaf when no other parameter lives below it, so a parameter
+    whose owner has parameter-owning children (`"cls_token"` beside `"blocks.0.weight"`) is left
+    out. Given the module, `module_layers` also treats children without parameters as Composer does.
+    """
     layers: dict[str, list[str]] = {}
     for name in param_names:
         owner = name.rsplit(".", 1)[0] if "." in name else ""
         layers.setdefault(owner, []).append(name)
-    return list(layers.values())
+    parents: set[str] = set()  # every proper prefix of an owner is a module with children
+    for owner in layers:
+        parts = owner.split(".") if owner else []
+        parents.update(".".join(parts[:k]) for k in range(len(parts)))
+    return [names for owner, names in layers.items() if owner not in parents]
+
+
+def module_layers(model: Any) -> list[list[str]]:
+    """The layers of an `nn.Module` as Composer counts them: leaf modules that own parameters.
+
+    Args:
+        model: the module; walked depth-first through `children()` in definition order.
+    Returns:
+        each layer's parameter names (as `model.named_parameters()` spells them).
+    Example:
+        >>> module_layers(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+        [['0.weight', '0.bias']]
+    """
+    names = {id(p): n for n, p in model.named_parameters()}
+    layers: list[list[str]] = []
+
+    def walk(module: Any) -> None:
+        children = list(module.children())
+        if not children:
+            owned = [names[id(p)] for p in module.parameters() if id(p) in names]
+            if owned:
+                layers.append(owned)
+        for child in children:
+            walk(child)
+
+    walk(model)
+    return layers
 
 
 def frozen_names(param_names: Iterable[str], fraction: float) -> list[str]:
@@ -60,7 +97,8 @@ def freeze_layers(
     and `frozen_names(names, fraction)` lists the parameters.
 
     Args:
-        model: the `nn.Module` (its parameter-owning modules, in definition order, are the layers).
+        model: the `nn.Module` (its parameter-owning leaf modules, in definition order, are
+            the layers, as in Composer).
         optimizers: Composer's argument; only None (functrain rewires no optimizer).
         current_duration: the elapsed fraction of training, in [0, 1].
         freeze_start, freeze_level: as in `freeze_fraction`.
@@ -71,5 +109,4 @@ def freeze_layers(
 
     reject_optimizers("freeze_layers", optimizers)
     fraction = freeze_fraction(float(current_duration), freeze_start, freeze_level)
-    layers = layers_of(name for name, _ in model.named_parameters())
-    return int(fraction * len(layers[:-1])), fraction
+    return int(fraction * len(module_layers(model)[:-1])), fraction

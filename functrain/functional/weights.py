@@ -17,7 +17,13 @@ from .gradient_clipping import (
     global_grad_norm,
     unitwise_norm,
 )
-from .layer_freezing import freeze_fraction, freeze_layers, frozen_names, layers_of
+from .layer_freezing import (
+    freeze_fraction,
+    freeze_layers,
+    frozen_names,
+    layers_of,
+    module_layers,
+)
 from .sam import perturb, sam_perturbation
 from .swa import normalize_anneal_strategy, swa_average, swa_lr
 
@@ -32,6 +38,7 @@ __all__ = [
     "frozen_names",
     "global_grad_norm",
     "layers_of",
+    "module_layers",
     "normalize_anneal_strategy",
     "perturb",
     "sam_perturbation",

@@ -1,7 +1,5 @@
 """The RandAugment/AugMix operations on tensors: shape and range kept, PIL semantics, determinism."""
 
-import math
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -88,39 +86,52 @@ def _pil(array, how):
 
 
 def _ours(array, matrices):
-    images = torch.from_numpy(array.copy()).permute(2, 0, 1)[None].double() / 255
+    """`affine` on the uint8 image, as an (H, W, 3) uint8 array."""
+    images = torch.from_numpy(array.copy()).permute(2, 0, 1)[None]
     out = ap.affine(images, torch.tensor([matrices], dtype=torch.float64))
-    return (out[0].permute(1, 2, 0) * 255).numpy()
+    assert out.dtype == torch.uint8
+    return out[0].permute(1, 2, 0).numpy()
 
 
-def _rotation_matrix(degrees, width, height):
-    """PIL's `Image.rotate` matrix (output -> input, about the centre)."""
-    theta = -math.radians(degrees)
-    a, b, d, e = math.cos(theta), math.sin(theta), -math.sin(theta), math.cos(theta)
-    cx, cy = width / 2.0, height / 2.0
-    return [a, b, a * -cx + b * -cy + cx, d, e, d * -cx + e * -cy + cy]
-
-
-@pytest.mark.parametrize("degrees", [-3, 3, 17, -29, 90])
-def test_rotation_matches_pil_bilinear_including_the_outer_ring(degrees):
+@pytest.mark.parametrize("degrees", [-30, -29, -3, 3, 17, 30])
+@pytest.mark.parametrize("seed", range(4))
+def test_rotation_matches_pil_bilinear_on_every_pixel(degrees, seed):
     import numpy as np
 
-    array = np.random.default_rng(degrees % 7).integers(0, 256, (9, 11, 3), dtype=np.uint8)
+    rng = np.random.default_rng(seed * 101 + degrees % 7)
+    height, width = (int(v) for v in rng.integers(3, 40, 2))
+    array = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
     expected = _pil(array, lambda im: im.rotate(degrees, resample=PIL.BILINEAR))
-    got = _ours(array, _rotation_matrix(degrees, 11, 9))
-    # PIL rounds its 8-bit arithmetic; within one level everywhere, the border included.
-    assert np.abs(got - expected.astype(np.float64)).max() <= 1.0
+    got = _ours(array, ap.rotation_matrix(degrees, width, height))
+    # PIL truncates its bilinear result to an 8-bit level (a C cast); so does `affine` on uint8,
+    # with PIL's arithmetic, so every pixel agrees, the border included (rounding would put
+    # about half of them one level off).
+    np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("amount", [0.3, -0.17])
+@pytest.mark.parametrize("amount", [0.3, -0.17, 0.123])
 @pytest.mark.parametrize("horizontal", [True, False])
-def test_shear_matches_pil_bilinear(amount, horizontal):
+def test_shear_matches_pil_bilinear_on_every_pixel(amount, horizontal):
     import numpy as np
 
     array = np.random.default_rng(3).integers(0, 256, (10, 8, 3), dtype=np.uint8)
     matrix = (1, amount, 0, 0, 1, 0) if horizontal else (1, 0, 0, amount, 1, 0)
     expected = _pil(array, lambda im: im.transform(im.size, PIL.AFFINE, matrix, PIL.BILINEAR))
-    assert np.abs(_ours(array, list(matrix)) - expected).max() <= 1.0
+    np.testing.assert_array_equal(_ours(array, list(matrix)), expected)
+
+
+def test_float_images_keep_the_exact_interpolation():
+    import numpy as np
+
+    # float images are not quantised; truncated, their levels are PIL's uint8 result
+    array = np.random.default_rng(5).integers(0, 256, (9, 11, 3), dtype=np.uint8)
+    matrix = ap.rotation_matrix(17, 11, 9)
+    images = torch.from_numpy(array.copy()).permute(2, 0, 1)[None].double()
+    levels = ap.affine(images, torch.tensor([matrix], dtype=torch.float64))
+    assert not torch.equal(levels, levels.round())
+    np.testing.assert_array_equal(
+        levels[0].permute(1, 2, 0).trunc().to(torch.uint8).numpy(), _ours(array, matrix)
+    )
 
 
 def test_a_constant_image_rotated_slightly_is_never_blended_with_black():
@@ -128,12 +139,12 @@ def test_a_constant_image_rotated_slightly_is_never_blended_with_black():
 
     array = np.full((32, 32, 3), 200, dtype=np.uint8)
     pil = _pil(array, lambda im: im.rotate(-3, resample=PIL.BILINEAR))
-    ours = _ours(array, _rotation_matrix(-3, 32, 32))
+    ours = _ours(array, ap.rotation_matrix(-3, 32, 32))
     # PIL blanks a pixel whose sample point leaves the image and repeats the edge otherwise:
     # every pixel is 200 or 0, none in between (zero padding would blend 124 into the corners).
     assert set(np.unique(pil)) == {0, 200}
     assert (pil[0] == 200).mean() > 0.7  # most of the top row keeps its value
-    assert np.array_equal(ours.round(), pil.astype(np.float64))
+    assert np.array_equal(ours, pil)
 
 
 # -- every sampled operation against PIL at the strength it drew ---------------------------------
@@ -157,6 +168,10 @@ def _batch(seed=0):
 
 def _as_arrays(images):
     return (images.permute(0, 2, 3, 1) * 255).numpy()
+
+
+def g_for(seed):
+    return torch.Generator().manual_seed(seed)
 
 
 def _rand(g):
@@ -216,9 +231,15 @@ def test_geometric_ops_match_pil_at_the_drawn_strength(op, seed):
     arrays, images = _batch(seed)
     out = _as_arrays(op(images, SEVERITY, torch.Generator().manual_seed(seed)))
     calls, strengths = _geometric_expectations(op, torch.Generator().manual_seed(seed), 18, 15)
-    for got, array, call in zip(out, arrays, calls, strict=True):
-        expected = np.asarray(call(PIL.fromarray(array))).astype(np.float64)
-        assert np.abs(got - expected).max() <= 1.0
+    levels = op(torch.from_numpy(arrays.copy()).permute(0, 3, 1, 2), SEVERITY, g_for(seed))
+    assert levels.dtype == torch.uint8
+    for got, got_u8, array, call in zip(
+        out, levels.permute(0, 2, 3, 1), arrays, calls, strict=True
+    ):
+        expected = np.asarray(call(PIL.fromarray(array)))
+        # float images: the exact interpolation (PIL truncates it); uint8: PIL's pixels exactly
+        assert (got - expected >= -1e-9).all() and (got - expected < 1.0).all()
+        np.testing.assert_array_equal(got_u8.numpy(), expected)
     # not the identity: every image that drew a non-zero strength moved (an integer strength
     # can truncate to 0), and at least two did
     moved = [bool(np.abs(got - a).max() > 20) for got, a in zip(out, arrays)]

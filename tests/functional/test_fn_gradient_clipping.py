@@ -81,6 +81,28 @@ def test_apply_gradient_clipping_under_composers_signature_is_pure():
         apply_gradient_clipping(model, "global", 1.0)
 
 
+def test_apply_gradient_clipping_adaptive_zeroes_units_whose_weights_are_zero():
+    from functrain.functional import apply_gradient_clipping
+
+    # Composer 0.32.1: limit = threshold * |w_unit| with no floor, so a zero unit gets nothing
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.0, 0.0], [3.0, 4.0]]))
+        model.bias.zero_()
+    model.weight.grad = torch.tensor([[1e-6, -2e-6], [0.3, 0.4]])
+    model.bias.grad = torch.tensor([1.0, -1.0])
+    out = apply_gradient_clipping(model, "adaptive", 0.1)
+    assert torch.equal(out["weight"][0], torch.zeros(2))  # the all-zero row: zeroed
+    torch.testing.assert_close(out["weight"][1], torch.tensor([0.3, 0.4]))  # 0.5 <= 0.1 * 5
+    assert torch.equal(out["bias"], torch.zeros(2))  # a zero bias is one all-zero unit
+    # zero weight and zero gradient: 0/0 is kept at coefficient 1 (still zero), no nan
+    model.weight.grad = torch.zeros(2, 2)
+    assert torch.equal(apply_gradient_clipping(model, "adaptive", 0.1)["weight"], torch.zeros(2, 2))
+    # the functrain-level function keeps the paper's floor unless told otherwise
+    floored = adaptive_clip_grad({"b": torch.tensor([1.0, -1.0])}, {"b": torch.zeros(2)}, 0.1)
+    assert floored["b"].abs().max() > 0
+
+
 def test_adaptive_threshold_zero_stops_every_unit_and_negative_is_rejected():
     # A threshold of 0 allows no gradient at all: every unit's limit is 0 * max(|w|, eps) = 0.
     grads = {"w": torch.tensor([[3.0, 4.0], [0.0, -1.0]]), "b": torch.tensor([2.0, 0.0])}

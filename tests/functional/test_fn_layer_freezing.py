@@ -1,6 +1,7 @@
 """Layer-freezing schedule: zero before freeze_start, linear to freeze_level, last layer free."""
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,3 +72,39 @@ def test_default_schedule_freezes_everything_by_the_end():
 def test_freeze_start_outside_the_unit_interval_is_rejected(start):
     with pytest.raises(ValueError, match="freeze_start must be in \\[0, 1\\)"):
         freeze_fraction(0.5, freeze_start=start)
+
+
+class _TinyViT(torch.nn.Module):
+    """A parameter on a module with children (ViT's `cls_token`) and a parameter-free child."""
+
+    def __init__(self):
+        super().__init__()
+        self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 4))
+        self.patch = torch.nn.Linear(4, 4)
+        self.blocks = torch.nn.Sequential(
+            torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4)
+        )
+        self.head = torch.nn.Linear(4, 2)
+
+
+def test_freeze_layers_counts_leaf_modules_only_as_composer_does():
+    from functrain.functional import freeze_layers, module_layers
+
+    model = _TinyViT()
+    # Composer's layers: patch, blocks.0, blocks.2, head; cls_token belongs to none
+    layers = module_layers(model)
+    assert layers == [
+        ["patch.weight", "patch.bias"],
+        ["blocks.0.weight", "blocks.0.bias"],
+        ["blocks.2.weight", "blocks.2.bias"],
+        ["head.weight", "head.bias"],
+    ]
+    assert layers_of(n for n, _ in model.named_parameters()) == layers  # from names alone too
+    assert freeze_layers(model, None, 1.0) == (3, 1.0)  # all but the head (4 with cls_token)
+    assert freeze_layers(model, None, 0.75) == (1, 0.5)  # int(0.5 * 3)
+    frozen = frozen_names([n for n, _ in model.named_parameters()], 1.0)
+    assert "cls_token" not in frozen and "head.weight" not in frozen
+    assert frozen == [n for layer in layers[:3] for n in layer]
+    # a model that is one leaf module is one layer (its own parameters), never frozen
+    assert layers_of(["weight", "bias"]) == [["weight", "bias"]]
+    assert freeze_layers(torch.nn.Linear(2, 2), None, 1.0) == (0, 1.0)
