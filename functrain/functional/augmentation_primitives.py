@@ -102,9 +102,8 @@ def affine(images: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
     output pixel's centre; a point outside the input image gives the fill value (0), and a point
     inside it interpolates its four neighbours with the edge pixels repeated, so an image's
     border ring is not blended with black (`grid_sample` with zero padding would be).
-    On uint8 images the arithmetic is PIL's to the bit: float64 on the 8-bit levels, each blend
-    `a + (b - a) * t`, and the result truncated to an integer level (PIL's C cast, not rounding),
-    so every pixel equals PIL's.
+    On uint8 images the arithmetic is PIL's: float64 on the levels, blends `a + (b - a) * t`, the
+    result truncated (PIL's C cast, not rounding), so every pixel equals PIL's.
 
     Args:
         images: `(N, C, H, W)`, float or uint8.
@@ -124,8 +123,7 @@ def affine(images: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
     inside = (in_x >= 0) & (in_x < width) & (in_y >= 0) & (in_y < height)
     x, y = in_x - 0.5, in_y - 0.5  # from pixel-centre to pixel-index coordinates
     x0, y0 = torch.floor(x), torch.floor(y)
-    dx = (x - x0).to(images.dtype).unsqueeze(1)
-    dy = (y - y0).to(images.dtype).unsqueeze(1)
+    dx, dy = ((x - x0).to(images.dtype).unsqueeze(1), (y - y0).to(images.dtype).unsqueeze(1))
     flat = images.reshape(n, channels, height * width)
 
     def tap(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
@@ -191,15 +189,12 @@ def posterize(images: torch.Tensor, level: float, generator: torch.Generator) ->
 
 
 def rotation_matrix(degrees: float, width: int, height: int) -> list[float]:
-    """PIL's `Image.rotate` map (output -> input) about the image centre, built as PIL builds it.
-
-    The angle is reduced modulo 360 and the cosine and sine rounded to 15 decimals as PIL does, so
-    the map, and with it every truncated uint8 pixel, is PIL's bit for bit (PIL's exact
-    transposes for multiples of 90 degrees aside).
+    """PIL's `Image.rotate` map (output -> input) about the centre, built as PIL builds it: angle
+    modulo 360, cosine and sine rounded to 15 decimals, so uint8 pixels are PIL's bit for bit.
 
     Example:
-        >>> rotation_matrix(0, 4, 4)
-        [1.0, 0.0, 0.0, -0.0, 1.0, 0.0]
+        >>> rotation_matrix(90, 4, 2)
+        [0.0, -1.0, 3.0, 1.0, 0.0, -1.0]
     """
     theta = -math.radians(degrees % 360.0)
     cos, sin = round(math.cos(theta), 15), round(math.sin(theta), 15)
