@@ -1,4 +1,4 @@
-"""Loggers: where metrics go (console, progress bar, JSONL, TensorBoard, MLflow, W&B).
+"""Loggers: where metrics go (console, progress bar, JSONL, CSV, TensorBoard, MLflow, W&B).
 
 A logger is a callback that also has `log_metrics(metrics, step)` (and optionally `log_hparams`,
 `log_images`, `close`). Loggers write on rank 0 only unless built with `all_ranks=True`, and turn
@@ -11,6 +11,7 @@ Example:
 
 from .base import Logger, as_uint8_nhwc, process_rank, to_floats
 from .console import ConsoleLogger
+from .csv_logger import CSVLogger
 from .jsonl import JSONLLogger, read_metrics
 from .mlflow_logger import MLflowLogger
 from .progress_bar import ProgressBar
@@ -18,6 +19,7 @@ from .tensorboard_logger import TensorBoardLogger
 from .wandb_logger import WandBLogger
 
 __all__ = [
+    "CSVLogger",
     "ConsoleLogger",
     "JSONLLogger",
     "Logger",
