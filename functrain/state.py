@@ -108,7 +108,8 @@ def init(
     # One process and no mesh or plan asked for: nothing to place, so the plans (and DTensor,
     # about a second to import) stay unloaded.
     if mesh is not None or plan is not None or launched_world_size() > 1:
-        from .parallel.plans import default_placement, shard_params
+        from .parallel.placement import shard_params
+        from .parallel.plans import default_placement
 
         mesh, plan = default_placement(mesh, plan)
         if mesh is not None:

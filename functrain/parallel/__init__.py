@@ -38,13 +38,15 @@ from .running import running
 from .views import full_params, full_value, norms
 
 if TYPE_CHECKING:
-    from .plans import LOCAL, Plan, ddp, fsdp, hsdp, resolve_plan, shard_params, tp
+    from .placement import shard_params
+    from .plans import LOCAL, Plan, ddp, fsdp, hsdp, resolve_plan, tp
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
-    dict.fromkeys(
-        ("LOCAL", "Plan", "ddp", "fsdp", "hsdp", "resolve_plan", "shard_params", "tp"), ".plans"
-    ),
+    {
+        **dict.fromkeys(("LOCAL", "Plan", "ddp", "fsdp", "hsdp", "resolve_plan", "tp"), ".plans"),
+        "shard_params": ".placement",
+    },
 )
 
 __all__ = [

@@ -1,6 +1,6 @@
 """`Layout`: how one model's parameters sit on the mesh, as a value that travels with its state.
 
-`functrain.init(model, opt, mesh=, plan=)` (through `plans.shard_params`) returns the state with
+`functrain.init(model, opt, mesh=, plan=)` (through `placement.shard_params`) returns the state with
 its `Layout` in `state.layout`: the mesh, each parameter's policy (dtypes, gather at use), the
 flat buckets the step communicates in, the tensor-parallel styles and this rank's data-parallel
 coordinates. Every function of `functrain.parallel` that needs one of these takes the layout as
@@ -287,7 +287,7 @@ def make_layout(
     trainable: frozenset[str],
     tp_styles: Mapping[str, str] | None = None,
 ) -> Layout:
-    """The `Layout` of `params` placed on `mesh` by `plan` (called by `plans.shard_params`).
+    """The `Layout` of `params` placed on `mesh` by `plan` (called by `placement.shard_params`).
 
     Args:
         mesh: the mesh.

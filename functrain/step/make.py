@@ -52,13 +52,11 @@ from typing import Any
 
 import torch
 
-from ..optim import FusedCache, apply_updates, fused_update, global_norm
-from ..optim._foreach import is_dtensor, placed_alike
-from ..optim.buffers import BufferPool
+from .. import _torch
+from ..optim import global_norm
 from ..parallel import compute as parallel_compute
 from ..parallel import data_parallel_info, norms
 from ..state import TrainState
-from ..tree import tree_flatten, tree_unflatten
 from . import precision as precision_lib
 from .batching import num_samples
 from .checks import check_config, check_surgery_applied
@@ -75,6 +73,7 @@ from .pieces import (
 )
 from .plan import Plans, StatePlan
 from .protocol import Evaluator
+from .update import UpdatePiece
 
 __all__ = ["Algorithm", "GradResult", "Step", "StepPieces", "compose", "make_step"]
 
@@ -103,7 +102,7 @@ class Step:
         self._trainable = self._grads_piece.trainable
         self._device_type = self._grads_piece.device_type
         self._plans = Plans()  # performance caches only: what a call decides is the same
-        self._fused_cache = FusedCache()
+        self.update_piece = UpdatePiece(optimizer, config)
         pieces = self._base_pieces()
         for algorithm in self._own_algorithms + self.algorithms:
             pieces = algorithm.apply(pieces)
@@ -160,83 +159,10 @@ class Step:
             loss=lambda model, batch: normalize_loss(self.loss_fn(model, batch)),
             grads=self._grads_piece,
             transform_grads=lambda grads, state: grads,
-            update=self._update,
+            update=self.update_piece,
             after_update=lambda state: state,
             call_model=self.call_model,
         )
-
-    # -- the default update piece (the optim engineer's fused fast path) ----------------------
-
-    def _update(
-        self, grads: dict, state: TrainState, norm: torch.Tensor | None = None
-    ) -> TrainState:
-        """The optimizer update: fused kernels in place, on private copies unless donating.
-
-        Purity is a property, not a price: a pure step copies the trainable params and the
-        optimizer state into buffers nobody else holds (recycled from the state of the call
-        before, see `functrain.optim.buffers`) and then runs exactly the donating update on
-        them. The update is the fused executor (`functrain.optim.fused`: torch's fused kernels
-        for the whole composition) when the optimizer has a fused form, else its `update` with
-        `donate=True`. `norm` is `grads`' global norm when the step has it (its metric), so a
-        fused global-norm clip does not take it a second time.
-        """
-        trainable = {k: state.params[k] for k in grads}
-        if torch.compiler.is_compiling():  # traced: the functional path, which inductor fuses
-            updates, opt_state = self.optimizer.update(
-                grads, state.opt_state, trainable, time=state.timestamp, donate=self.config.donate
-            )
-            new_params = apply_updates(trainable, updates, donate=self.config.donate)
-            return state.replace(params={**state.params, **new_params}, opt_state=opt_state)
-        params, opt_state = trainable, state.opt_state
-        if not self.config.donate:
-            params, opt_state = self._private_copies(params, opt_state)
-        new_opt_state = None
-        if self._can_fuse(params, grads):
-            new_opt_state = fused_update(
-                self.optimizer,
-                grads,
-                opt_state,
-                params,
-                norm=norm,
-                # A pure step's buffers are recycled only when nothing refers to them.
-                cache=self._fused_cache if self.config.donate else None,
-                time=state.timestamp,
-            )
-        if new_opt_state is None:  # no fused form: the transforms' own in-place path
-            updates, new_opt_state = self.optimizer.update(
-                grads, opt_state, params, time=state.timestamp, donate=True
-            )
-            params = apply_updates(params, updates, donate=True)
-        return state.replace(params={**state.params, **params}, opt_state=new_opt_state)
-
-    def _private_copies(self, params: dict, opt_state: Any) -> tuple[dict, Any]:
-        """Copies of `params` and of `opt_state`'s tensors that this step may update in place."""
-        pool = self.__dict__.get("_buffer_pool")
-        if pool is None:
-            pool = self.__dict__["_buffer_pool"] = BufferPool()
-        leaves, spec = tree_flatten(opt_state)
-        slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        copies = pool.private_copies([*params.values(), *(leaves[i] for i in slots)])
-        for i, copy in zip(slots, copies[len(params) :]):
-            leaves[i] = copy
-        return dict(zip(params, copies)), tree_unflatten(spec, leaves)
-
-    def _can_fuse(self, params: dict, grads: dict) -> bool:
-        """True when the fused executor may run: the optimizer describes itself (`spec`), and
-        every parameter and gradient is a plain tensor or a DTensor placed like its parameter
-        (the kernels are elementwise, so they run on each rank's local pieces without DTensor's
-        per-op dispatch). The executor checks the rest (the composition, dtypes, devices) and
-        declines, touching nothing, when it has no fused form."""
-        if getattr(self.optimizer, "spec", None) is None or not grads:
-            return False
-        for name, grad in grads.items():
-            param = params[name]
-            if is_dtensor(param) or is_dtensor(grad):
-                if not placed_alike(param, grad):
-                    return False
-            elif not (type(param) in _PLAIN_TENSORS and type(grad) in _PLAIN_TENSORS):
-                return False
-        return True
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -289,16 +215,16 @@ class Step:
         guarded, skipped = pieces.guard(result._replace(loss=loss), grad_norm, with_buffers)
         if skipped:  # nothing is written: params, buffers and optimizer state stay as they were
             if saved is not None:
-                torch._foreach_copy_(list(state.buffers.values()), saved)
+                _torch.foreach_copy_(list(state.buffers.values()), saved)
             new_state = guarded.replace(
                 buffers=state.buffers,
                 step=state.step + 1,
                 timestamp=state.timestamp.advance_batch(samples, tokens),
             )
         else:
-            if pieces.update == self._update:  # the default piece takes the norm in hand
+            if pieces.update is self.update_piece:  # the default piece takes the norm in hand
                 norm = grad_norm if grads is result.grads else None
-                new_state = self._update(grads, guarded, norm)
+                new_state = self.update_piece(grads, guarded, norm)
             else:
                 new_state = pieces.update(grads, guarded)
             new_state = new_state.replace(
@@ -333,9 +259,6 @@ class Step:
                 torch.cuda.empty_cache()
 
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
 def _own_algorithms(config: StepConfig) -> tuple[Algorithm, ...]:
     """The algorithms the step's options stand for, composed before the user's."""
     if config.precision == "amp_fp16":
@@ -350,7 +273,7 @@ def _grad_norm(grads: dict, plain: bool) -> torch.Tensor:
     if not plain or not grads:
         return global_norm(grads)
     with torch.no_grad():
-        norms = torch._foreach_norm(list(grads.values()))
+        norms = _torch.foreach_norm(list(grads.values()))
         dtype = torch.float64 if norms[0].dtype == torch.float64 else torch.float32
         return torch.linalg.vector_norm(torch.stack(norms), dtype=dtype)
 

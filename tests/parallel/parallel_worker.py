@@ -23,6 +23,7 @@ import functrain
 from functrain import parallel as fdist
 from functrain.parallel import compute as fcompute
 from functrain.parallel import mesh as fmesh
+from functrain.parallel import placement as fplacement
 from functrain.parallel import plans as fplans
 
 STEPS = 20
@@ -269,7 +270,7 @@ def scenario_global_norm(world):
     out = {}
     for plan in ("ddp", "fsdp"):
         model = make("mlp")
-        params, _ = fplans.shard_params(
+        params, _ = fplacement.shard_params(
             model, {k: v.detach() for k, v in model.named_parameters()}, mesh=mesh, plan=plan
         )
         sharded = {
@@ -291,7 +292,7 @@ def scenario_microbatch(world):
     out = {}
     for plan in ("ddp", "fsdp"):
         model = make("mlp")
-        params, layout = fplans.shard_params(
+        params, layout = fplacement.shard_params(
             model, {k: v.detach() for k, v in model.named_parameters()}, mesh=mesh, plan=plan
         )
         leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
@@ -412,14 +413,14 @@ def scenario_meta_init(world):
     with torch.device("meta"):
         model = MLP()
     params = {k: v.detach() for k, v in model.named_parameters()}
-    placed, _ = fplans.shard_params(model, params, mesh=mesh, plan="fsdp", seed=5)
+    placed, _ = fplacement.shard_params(model, params, mesh=mesh, plan="fsdp", seed=5)
     full = fdist.full_params(placed)
     # the same modules materialised whole on one process with the same seed
     with torch.device("meta"):
         whole = MLP()
     for name, module in whole.named_modules():
         if any(True for _ in module.parameters(recurse=False)):
-            fplans._materialize(module, name, torch.device("cpu"), 5)
+            fplacement._materialize(module, name, torch.device("cpu"), 5)
     expected = dict(whole.named_parameters())
     local_numel = sum(v.to_local().numel() for v in placed.values())
     with torch.device("meta"):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from functrain import parallel as fdist
-from functrain.parallel import compute, plans
+from functrain.parallel import compute, placement, plans
 from functrain.parallel.layout import make_layout
 
 
@@ -32,7 +32,7 @@ def _placed(mesh, plan="fsdp", **plan_options):
     whole = {k: v.clone() for k, v in params.items()}
     if plan_options:
         plan = plans.Plan(name=plan, shard=plan == "fsdp", **plan_options)
-    return plans.shard_params(model, params, mesh=mesh, plan=plan), whole, model
+    return placement.shard_params(model, params, mesh=mesh, plan=plan), whole, model
 
 
 @pytest.mark.parametrize("plan", ["ddp", "fsdp"])

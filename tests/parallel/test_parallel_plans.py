@@ -8,7 +8,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import functrain
 from functrain import parallel as fdist
-from functrain.parallel import plans
+from functrain.parallel import placement, plans
 
 
 class FakeMesh:
@@ -95,14 +95,14 @@ def test_resolve_plan_by_name_and_errors():
     ],
 )
 def test_param_placements(plan, style, attr, shape, mesh, expected):
-    placements = plans.param_placements("p", shape, style, attr, mesh, plans.resolve_plan(plan))
+    placements = placement.param_placements("p", shape, style, attr, mesh, plans.resolve_plan(plan))
     assert placements == expected
 
 
 def test_local_piece_matches_dtensor_chunks():
     full = torch.arange(10.0).view(5, 2)
     pieces = [
-        plans.local_piece(
+        placement.local_piece(
             full, FakeMesh(dp_shard=4, coords=(0, r, 0)), (Replicate(), Shard(0), Replicate())
         )
         for r in range(4)
@@ -188,7 +188,7 @@ def test_frozen_sharded_params_are_gathered_too(mesh1):
 
 def test_plan_without_mesh_is_an_error():
     with pytest.raises(ValueError, match="needs a mesh"):
-        plans.shard_params(nn.Linear(2, 2), {}, mesh=None, plan="fsdp")
+        placement.shard_params(nn.Linear(2, 2), {}, mesh=None, plan="fsdp")
 
 
 def test_tp_errors_name_the_layer(mesh1):
@@ -201,11 +201,11 @@ def test_tp_errors_name_the_layer(mesh1):
     model = Odd()
     params = {k: v.detach() for k, v in model.named_parameters()}
     with pytest.raises(TypeError, match="'fc1' is Conv1d"):
-        plans.shard_params(model, params, mesh=mesh1, plan=plans.tp({"fc1": "colwise"}))
+        placement.shard_params(model, params, mesh=mesh1, plan=plans.tp({"fc1": "colwise"}))
     tied = Tied()
     params = {k: v.detach() for k, v in tied.named_parameters()}
     with pytest.raises(ValueError, match="tied"):
-        plans.shard_params(tied, params, mesh=mesh1, plan=plans.tp({"head": "colwise"}))
+        placement.shard_params(tied, params, mesh=mesh1, plan=plans.tp({"head": "colwise"}))
 
 
 class NoReset(nn.Module):
@@ -223,7 +223,7 @@ def test_meta_model_materialises_per_module_from_the_seed(mesh1):
         model = build()
         params = {k: v.detach() for k, v in model.named_parameters()}
         return fdist.full_params(
-            plans.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=seed)[0]
+            placement.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=seed)[0]
         )
 
     a, b, c = placed(3), placed(3), placed(4)
@@ -234,7 +234,7 @@ def test_meta_model_materialises_per_module_from_the_seed(mesh1):
     with torch.device("meta"):
         model = nn.Sequential(NoReset())
     with pytest.raises(ValueError, match="no reset_parameters"):
-        plans.shard_params(model, {"0.w": model[0].w}, mesh=mesh1, plan="ddp")
+        placement.shard_params(model, {"0.w": model[0].w}, mesh=mesh1, plan="ddp")
 
     class MaskOnly(nn.Module):  # a buffer computed in __init__ is lost on the meta device
         def __init__(self):
@@ -245,7 +245,7 @@ def test_meta_model_materialises_per_module_from_the_seed(mesh1):
         model = nn.Sequential(nn.Linear(2, 2), MaskOnly())
     params = {k: v.detach() for k, v in model.named_parameters()}
     with pytest.raises(ValueError, match="parameters or buffers"):
-        plans.shard_params(model, params, mesh=mesh1, plan="ddp")
+        placement.shard_params(model, params, mesh=mesh1, plan="ddp")
 
 
 def test_param_dtype_casts_inputs_and_computes_in_it(mesh1):
@@ -280,7 +280,7 @@ def test_launched_world_size_reads_world_size_only_without_a_process_group(monke
 def test_broadcast_chunks_split_by_size_cap_and_dtype():
     f32 = [torch.zeros(n) for n in (3, 2, 4)]  # 12, 8 and 16 bytes
     f64 = torch.zeros(1, dtype=torch.float64)
-    chunks = list(plans._chunks([f32[0], f32[1], f64, f32[2]], cap_bytes=20))
+    chunks = list(placement._chunks([f32[0], f32[1], f64, f32[2]], cap_bytes=20))
     # 12 + 8 = 20 bytes fit the cap; a new dtype starts a chunk; so does the next float32
     assert [[id(t) for t in c] for c in chunks] == [
         [id(f32[0]), id(f32[1])],
@@ -289,8 +289,8 @@ def test_broadcast_chunks_split_by_size_cap_and_dtype():
     ]
     # a tensor larger than the cap is a chunk of its own, never dropped
     big = [torch.zeros(8), torch.zeros(1)]
-    assert [len(c) for c in plans._chunks(big, cap_bytes=4)] == [1, 1]
-    assert list(plans._chunks([], cap_bytes=4)) == []
+    assert [len(c) for c in placement._chunks(big, cap_bytes=4)] == [1, 1]
+    assert list(placement._chunks([], cap_bytes=4)) == []
 
 
 def test_meta_model_is_placed_one_module_at_a_time(mesh1):
@@ -308,7 +308,7 @@ def test_meta_model_is_placed_one_module_at_a_time(mesh1):
         model = nn.Sequential(Recorder(2, 3), Recorder(3, 2))
     built.append(model)
     params = {k: v.detach() for k, v in model.named_parameters()}
-    plans.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=0)
+    placement.shard_params(model, params, mesh=mesh1, plan="fsdp", seed=0)
     # resetting the second Linear: the first is already placed
     assert seen == [[False], [True]]
 

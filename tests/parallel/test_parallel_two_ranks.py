@@ -33,14 +33,14 @@ def _model(seed):
 def _check_shard_params(rank, mesh):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from functrain.parallel import plans
+    from functrain.parallel import placement, plans
 
     expected = {k: v.detach().clone() for k, v in _model(100).named_parameters()}  # rank 0's
     layouts = {}
     for plan in ("ddp", "fsdp"):
         model = _model(100 + rank)  # a different start on every rank
         params = {k: v.detach() for k, v in model.named_parameters()}
-        placed, layouts[plan] = plans.shard_params(model, params, mesh=mesh, plan=plan)
+        placed, layouts[plan] = placement.shard_params(model, params, mesh=mesh, plan=plan)
         for name, value in placed.items():
             assert isinstance(value, DTensor) and value.dtype == expected[name].dtype
             assert torch.equal(value.full_tensor(), expected[name]), (plan, name)
