@@ -1,10 +1,11 @@
 """What the law checkers share: the failure type, the hypothesis driver, and the step they build.
 
 A law is a function of one `Case` that raises `LawError` when it is broken. `for_all_cases` runs
-it on one given case, or on cases hypothesis draws (few, derandomized, no example database:
-a law check is a fast, reproducible test). On a failure hypothesis shrinks the case to a minimal
-one before the error reaches the caller, and the error names the law, the subject, the case and
-the leaf that differs.
+it on one given case, or on the default `Case()` and then cases hypothesis draws (few,
+derandomized, no example database: a law check is a fast, reproducible test). A law broken on
+the default case is reported at once; one broken only on some drawn case is shrunk by hypothesis
+to a minimal case before the error reaches the caller. The error names the law, the subject, the
+case and the leaf that differs.
 
 Example:
     >>> for_all_cases(lambda case: None, case=None, cases=None, settings=None)
@@ -62,7 +63,7 @@ def for_all_cases(
     Args:
         law: `Case -> None`, raising `LawError` when broken.
         case: one case to check (no hypothesis).
-        cases: a strategy of `Case` (None: `functrain.testing.cases()`).
+        cases: a strategy of `Case` (None: `Case()`, then `functrain.testing.cases()`).
         settings: hypothesis settings (None: `default_settings()`).
     """
     if case is not None:
@@ -71,12 +72,15 @@ def for_all_cases(
     strategy = cases if cases is not None else default_cases()
     chosen = settings if settings is not None else default_settings()
 
-    @chosen
-    @hypothesis.given(strategy)
     def law_holds(case: Case) -> None:
         law(case)
 
-    law_holds()
+    test = hypothesis.given(strategy)(law_holds)
+    if cases is None:
+        # The default case first, as an explicit example: most broken laws break on every case,
+        # and a failing explicit example is reported at once, without a shrinking search.
+        test = hypothesis.example(Case())(test)
+    chosen(test)()
 
 
 def name_of(subject: Any) -> str:
