@@ -29,6 +29,7 @@ from ..step.batching import to_device
 from ..step.protocol import as_step
 from ..units import Timestamp, TimeUnit
 from . import report
+from .agreement import Agreement, several_ranks
 from .evaluation import describe_batch, dp_info, run_eval, state_device
 from .events import Context, Event, dispatch, unique_names
 from .fit_state import FitState, advance, share_horizon
@@ -102,6 +103,8 @@ class FitRun:
         )
         self.signals = StopSignals(rank=self.rank, quiet=not options.progress)
         self.boundary = Boundary()  # the decision of the latest step boundary
+        self.agreement: Agreement | None = None  # on several ranks, made when training starts
+        self._synced_batch = -1  # the batch of the latest log, evaluation or checkpoint
         self.last_saved_batch = self.last_eval_batch = self.last_log_batch = -1
         self._elapsed0, self._t0 = state.timestamp.elapsed_sec, wallclock.monotonic()
 
@@ -122,8 +125,14 @@ class FitRun:
                     seed = seed_for(RngState(self.options.seed), self.state.step, "fit", self.rank)
                     torch.manual_seed(seed)
                 self._emit(Event.FIT_START)
-                self._agree()
+                if several_ranks():
+                    self.agreement = Agreement(self._batch())
+                    self._start_agreement()  # read at the first boundary
+                else:
+                    self._agree_now()
                 trained = self._train()
+                if self.agreement is not None:
+                    self.agreement.drop()  # superseded: the run's end needs no decision
                 stopped = bool(self.boundary.stop)
                 if (
                     trained
@@ -162,7 +171,7 @@ class FitRun:
                 seen += 1
                 trained = True
                 self._train_batch(batch)
-                self._agree()  # the step boundary: every decision below follows it
+                self._boundary()  # the step boundary: every decision below follows it
                 ts = self.timestamp
                 if bool(ts.batches_per_epoch) and ts.batch_in_epoch >= ts.batches_per_epoch:
                     break  # the last batch of the epoch: _end_epoch saves and stops
@@ -171,6 +180,7 @@ class FitRun:
                 if self.boundary.stop or self._done():
                     epoch_complete = False  # the final checkpoint is written in run()
                     break
+                self._start_agreement()
             if seen == 0 and start == 0:
                 raise ValueError(
                     f"train_data yielded no batch in epoch {epoch}: it is empty, or a one-shot "
@@ -179,7 +189,9 @@ class FitRun:
                 )
             if epoch_complete:
                 self._end_epoch()
-                self._agree()
+                if self.agreement is None or not self._done():
+                    # an epoch end waits for its decision: an EarlyStopper stops here
+                    self._agree_now()
         return trained
 
     def _train_batch(self, batch: Any) -> None:
@@ -238,7 +250,7 @@ class FitRun:
             shown[name] = metric.compute()  # collective under several ranks: all ranks log
             metric.reset()
         self.ctx.log({f"train/{k}": v for k, v in shown.items()}, step=batch)
-        self.last_log_batch = batch
+        self.last_log_batch = self._synced_batch = batch
 
     def _update_train_metrics(self, metrics: Mapping[str, Any], batch: Any) -> None:
         if not self.options.train_metrics:
@@ -284,13 +296,45 @@ class FitRun:
 
     # -- the agreed step boundary --------------------------------------------------------------
 
-    def _agree(self) -> None:
-        """Take this boundary's decision with every rank (stop or not, the run's clock)."""
-        elapsed = self._elapsed0 + (wallclock.monotonic() - self._t0)
-        pending = self.signals.pending
-        boundary = agree(pending, self.ctx.stop_reason, elapsed)
+    def _clock(self) -> float:
+        """This rank's own clock of the run (the agreed one is `timestamp.elapsed_sec`)."""
+        return self._elapsed0 + (wallclock.monotonic() - self._t0)
+
+    def _pending(self) -> StopKind:
+        """What this rank would stop for: its signal, or a callback's `request_stop`."""
+        requested = StopKind.CALLBACK if self.ctx.stop_reason is not None else StopKind.NONE
+        return max(self.signals.pending, requested)
+
+    def _boundary(self) -> None:
+        """A step boundary: one process decides now; several ranks read the agreement started
+        at an earlier boundary, if one is in flight (else nothing changes here)."""
+        if self.agreement is None:
+            self._agree_now()
+        elif self.agreement.in_flight:
+            self._apply(self.agreement.finish())
+
+    def _start_agreement(self) -> None:
+        """On several ranks, start an agreement when the cadence says so, or after a log, an
+        evaluation or a checkpoint at this boundary (which read the device anyway)."""
+        agreement, batch = self.agreement, self._batch()
+        if agreement is None or agreement.in_flight:
+            return
+        if agreement.due(batch) or self._synced_batch == batch:
+            agreement.start(batch, self._pending(), self._clock())
+
+    def _agree_now(self) -> None:
+        """Take this boundary's decision with every rank now (stop or not, the run's clock)."""
+        if self.agreement is None:
+            self._apply(agree(self._pending(), None, self._clock()))
+            return
+        self.agreement.drop()
+        self.agreement.start(self._batch(), self._pending(), self._clock())
+        self._apply(self.agreement.finish())
+
+    def _apply(self, boundary: Boundary) -> None:
         self.boundary = boundary
         if boundary.stop is not StopKind.NONE:
+            pending = self.signals.pending
             self.ctx.stop_reason = stop_reason_for(boundary, pending, self.ctx.stop_reason)
         self._set_timestamp(self.timestamp.replace(elapsed_sec=boundary.elapsed_sec))
 
@@ -386,14 +430,14 @@ class FitRun:
             results.update({(k if name is None else f"{name}/{k}"): v for k, v in values.items()})
             ctx.eval_metrics = dict(results)
         ctx.log({f"eval/{k}": v for k, v in results.items()}, step=self._batch())
-        self.last_eval_batch = self._batch()
+        self.last_eval_batch = self._synced_batch = self._batch()
 
     def _checkpoint(self) -> None:
         if self.checkpoints is None or self.last_saved_batch == self._batch():
             return
         self.state = with_loop_extra(self.state, self.names, self.callbacks, self.source)
         path = self.checkpoints.save(self.state)
-        self.last_saved_batch = self._batch()
+        self.last_saved_batch = self._synced_batch = self._batch()
         self.ctx.checkpoint_path = path
         self._emit(Event.CHECKPOINT)
 
