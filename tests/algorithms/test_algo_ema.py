@@ -1,4 +1,8 @@
-"""ema: a moving average of the weights in algo_state, visible through swap_in_ema."""
+"""ema: a moving average of the weights in algo_state, visible through swap_in_ema.
+
+The laws (purity over several steps, determinism, training untouched by any smoothing, resume
+through `fit` and a checkpoint Manager) are checked with `functrain.testing`.
+"""
 
 import pytest
 import torch
@@ -16,8 +20,15 @@ from torch import nn
 
 import functrain
 from functrain import optim
-from functrain.algorithms import EMAState, ema, ema_params, swap_in_ema
+from functrain.algorithms import EMAState, ema, ema_params, label_smoothing, swap_in_ema
 from functrain.functional.ema import compute_ema
+from functrain.testing import (
+    check_commutes,
+    check_determinism,
+    check_identity_at_zero,
+    check_purity,
+    check_resume_equivalence,
+)
 from functrain.tree import tree_allclose
 
 
@@ -145,3 +156,19 @@ def test_argument_errors():
         ema(half_life="0.1dur")
     with pytest.raises(KeyError, match="compose"):
         ema_params(functrain.init(bn_model(), OPT))
+
+
+def test_laws():
+    check_purity(ema(half_life="2ba"), steps=3)  # step 3 averages an existing average
+    check_determinism(ema(smoothing=0.5), steps=3)
+    # EMA never changes training: at any smoothing the trained state is the plain step's
+    # (only algo_state["ema"] is added). The law's "strength" here is the smoothing.
+    for smoothing in (0.0, 0.5, 1.0):
+        check_identity_at_zero(ema, strength="smoothing", zero=smoothing, steps=3)
+    # after_update and prepare: composed in either order, the same run
+    check_commutes(ema(smoothing=0.5), label_smoothing(0.1), steps=3)
+
+
+@pytest.mark.parametrize("interval", ["1ba", "2ba"])
+def test_resumes_exactly_through_fit(interval):
+    check_resume_equivalence(lambda: ema(half_life="2ba", update_interval=interval), steps=6)

@@ -1,4 +1,7 @@
-"""label_smoothing transform: trains on Composer's smoothed targets; identity at 0; resumes exactly."""
+"""label_smoothing transform: trains on Composer's smoothed targets; identity at 0; resumes exactly.
+
+The laws are also checked with `functrain.testing`, as a user checks their own algorithm.
+"""
 
 import pytest
 import torch
@@ -11,6 +14,13 @@ from data_algo_testing import (
 )
 
 from functrain.algorithms.label_smoothing import label_smoothing
+from functrain.optim import adamw
+from functrain.testing import (
+    check_determinism,
+    check_identity_at_zero,
+    check_purity,
+    check_resume_equivalence,
+)
 from functrain.tree import tree_clone
 
 
@@ -39,3 +49,14 @@ def test_trains_and_resumes_exactly():
 def test_bad_smoothing_is_rejected():
     with pytest.raises(ValueError, match="smoothing"):
         label_smoothing(-0.1)
+
+
+def test_laws():
+    check_purity(label_smoothing(0.2))
+    check_determinism(label_smoothing(0.2))
+    check_identity_at_zero(label_smoothing, strength="smoothing")
+    check_identity_at_zero(label_smoothing, strength="smoothing", optimizer=adamw(1e-2))
+
+
+def test_resumes_exactly_through_fit():
+    check_resume_equivalence(lambda: label_smoothing(0.1))

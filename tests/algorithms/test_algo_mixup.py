@@ -1,4 +1,8 @@
-"""mixup transform: the step trains on mixup_batch with its key; identity at alpha 0; resumes."""
+"""mixup transform: the step trains on mixup_batch with its key; identity at alpha 0; resumes.
+
+The laws (purity, determinism under the key, identity at zero, commutation with label smoothing,
+resume through `fit`) are checked with `functrain.testing`, as a user checks their own algorithm.
+"""
 
 import pytest
 import torch
@@ -11,10 +15,18 @@ from data_algo_testing import (
     setup,
 )
 
+from functrain.algorithms.label_smoothing import label_smoothing
 from functrain.algorithms.mixed_targets import MixedTarget
 from functrain.algorithms.mixup import mixup
 from functrain.functional.mixup import mixup_batch
 from functrain.rng import key_for
+from functrain.testing import (
+    check_commutes,
+    check_determinism,
+    check_identity_at_zero,
+    check_purity,
+    check_resume_equivalence,
+)
 from functrain.tree import tree_clone
 
 
@@ -81,3 +93,18 @@ def test_alpha_zero_is_the_identity_and_input_batch_is_untouched():
 def test_trains_and_resumes_exactly():
     assert_trains(lambda: mixup(0.2))
     assert_resumes_exactly(lambda: mixup(0.2))
+
+
+@pytest.mark.parametrize("interpolate_loss", [False, True])
+def test_laws(interpolate_loss):
+    options = {"interpolate_loss": interpolate_loss}
+    check_purity(mixup(0.4, **options))
+    check_determinism(mixup(0.4, **options), varies_with_key=True)
+    check_identity_at_zero(mixup, strength="alpha", options=options)
+    # Any order with label smoothing (the target markers nest); the two orders sum the smoothed
+    # losses in another order, so equal up to float rounding.
+    check_commutes(mixup(0.4, **options), label_smoothing(0.1), atol=1e-6)
+
+
+def test_resumes_exactly_through_fit():
+    check_resume_equivalence(lambda: mixup(0.4))
