@@ -280,7 +280,7 @@ def check_async_checkpoint(ctx) -> Result:
             state, _ = step(state, batches[1])  # trains while the write runs
             manager.wait()
             total = time.perf_counter() - started
-            pinned = [b.is_pinned() for b in manager._buffers.values()]
+            pinned = [b.is_pinned() for b in manager._background._buffers.values()]
             restored = manager.restore(snapshot)
         finally:
             manager.close()

@@ -3,6 +3,11 @@ scaling. A run crashes after some checkpoints (or is SIGKILLed), a fresh `fit` w
 `Manager` resumes it, and the result equals the uninterrupted run bit for bit. Also: the error
 when a checkpoint does not fit the step, and a finished run extended with a longer duration."""
 
+import json
+import logging
+import shutil
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -136,3 +141,39 @@ def test_a_finished_run_extended_follows_the_new_duration(capfd):
     assert second[0] == pytest.approx(0.1 * (1 - 10 / 20))  # the lr jumps back up, as Composer's
     err = capfd.readouterr().err
     assert "length changed from 10 to 20 batches" in err and "follow the new length" in err
+
+
+def _lease_threads() -> set:
+    return {t for t in threading.enumerate() if t.name == "functrain-lease" and t.is_alive()}
+
+
+def test_fit_gives_back_the_lease_of_a_manager_it_was_given_and_the_manager_stays_usable(
+    tmp_path, caplog
+):
+    root = tmp_path / "run"
+    before = _lease_threads()
+    step, state, loader = build("none")
+    manager = Manager(root, every="4ba", keep_last=2, lease_ttl=0.5)
+    state = functrain.fit(step, state, loader, duration="4ba", checkpoints=manager, progress=False)
+    assert _lease_threads() == before  # no thread refreshes the lease after fit returned
+    assert not (root / "LEASE.json").exists()  # released: another run may take the root
+    with caplog.at_level(logging.WARNING, logger="functrain.checkpoint"):
+        shutil.rmtree(root)  # a user's TemporaryDirectory going away
+        # A second fit with the same manager takes the lease again and saves as before.
+        functrain.fit(step, state, loader, duration="8ba", checkpoints=manager, progress=False)
+    assert [s for s, _ in manager.checkpoints()] == [8]
+    assert not [r for r in caplog.records if "lease" in r.getMessage()]
+    assert _lease_threads() == before
+    manager.close()
+
+
+def test_fit_under_the_launcher_records_each_commit(tmp_path, monkeypatch):
+    folder = tmp_path / "status"
+    folder.mkdir()
+    monkeypatch.setenv("FUNCTRAIN_LAUNCH_STATUS", str(folder))
+    monkeypatch.setenv("RANK", "0")
+    step, state, loader = build("none")
+    with Manager(tmp_path / "run", every="4ba") as manager:
+        functrain.fit(step, state, loader, duration="8ba", checkpoints=manager, progress=False)
+        record = json.loads((folder / "rank0.checkpoint.json").read_text())
+        assert (record["step"], record["url"]) == (8, manager.latest())

@@ -32,8 +32,11 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .manager import Manager, checkpoints, latest, retained_steps
-    from .reader import describe, load
+    from .description import describe
+    from .manager import Manager
+    from .reader import load
+    from .retention import retained_steps
+    from .root import checkpoints, latest
     from .storage import resolve
     from .writer import save
 
@@ -41,10 +44,10 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "Manager": ".manager",
-        "checkpoints": ".manager",
-        "latest": ".manager",
-        "retained_steps": ".manager",
-        "describe": ".reader",
+        "checkpoints": ".root",
+        "latest": ".root",
+        "retained_steps": ".retention",
+        "describe": ".description",
         "load": ".reader",
         "resolve": ".storage",
         "save": ".writer",

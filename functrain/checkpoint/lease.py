@@ -39,92 +39,28 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import json
 import logging
-import os
-import secrets
-import socket
+import math
 import threading
 import time
-from typing import Any
 
 from . import layout, storage
 from .errors import CheckpointLeaseError, CheckpointStorageError
+from .lease_owner import Owner, alive, this_process
+from .lease_store import LocalStore, ObjectStore
 
 logger = logging.getLogger("functrain.checkpoint")
-LEASE_FORMAT = "functrain.lease"
 DEFAULT_TTL = 30.0
+# The longest ttl a record is trusted with: a record is untrusted input, and one that says 1e9 or
+# Infinity (another host's, or a crafted one) must not make the next run wait forever.
+MAX_TTL = 3600.0
+WAIT_REPORT_S = 30.0  # while waiting out a silent owner, say so this often
 
 
-@dataclasses.dataclass(frozen=True)
-class Owner:
-    """Who holds (or wants) a lease: the content of LEASE.json."""
-
-    token: str
-    host: str
-    pid: int
-    started: float  # wall-clock time the lease was first taken
-    refreshed: float  # wall-clock time of the last refresh
-    ttl: float
-    count: int = 0  # refreshes so far: a change shows the owner is alive
-    pid_start: int | None = None  # the process's start (clock ticks since boot), against pid reuse
-    boot_id: str | None = None  # the machine's boot: another one means the owner is gone
-    run_id: str | None = None  # torchrun's run id (restarts of one run share it)
-    restart: int | None = None  # torchrun's restart count
-
-    def to_json(self) -> bytes:
-        return json.dumps({"format": LEASE_FORMAT, **dataclasses.asdict(self)}).encode()
-
-    @classmethod
-    def parse(cls, data: bytes) -> Owner | None:
-        """The owner recorded in `data`, or None when it is not a lease record."""
-        try:
-            obj = json.loads(data.decode())
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            return None
-        if not isinstance(obj, dict) or obj.pop("format", None) != LEASE_FORMAT:
-            return None
-        types = {"token": str, "host": str, "pid": int, "started": float, "refreshed": float}
-        types.update(ttl=float, count=int)
-        for name, kind in types.items():
-            value = obj.get(name)
-            if not isinstance(value, (int, float) if kind is float else kind) or isinstance(
-                value, bool
-            ):
-                return None
-        try:
-            return cls(
-                **{f.name: obj.get(f.name) for f in dataclasses.fields(cls) if f.name in obj}
-            )
-        except TypeError:
-            return None
-
-    def describe(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
-        text = f"host {self.host}, pid {self.pid}, running since {when}"
-        if self.run_id:
-            text += f" (torchrun run {self.run_id}, restart {self.restart})"
-        return text
-
-
-def this_process(ttl: float, token: str | None = None) -> Owner:
-    """An `Owner` record for the calling process."""
-    now = time.time()
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    return Owner(
-        token=token or secrets.token_hex(8),
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        started=now,
-        refreshed=now,
-        ttl=float(ttl),
-        pid_start=_pid_start(os.getpid()),
-        boot_id=_boot_id(),
-        run_id=run_id if run_id and run_id != "none" else None,
-        restart=int(restart) if restart and restart.isdigit() else None,
-    )
+def bounded_ttl(ttl: float) -> float:
+    """A record's ttl as this process waits it out: at most `MAX_TTL` (also for NaN, infinity
+    or a non-positive value)."""
+    return min(ttl, MAX_TTL) if math.isfinite(ttl) and ttl > 0 else MAX_TTL
 
 
 class Lease:
@@ -140,7 +76,7 @@ class Lease:
         self.root = root
         self.ttl = float(ttl)
         self.url = root.file_url(layout.LEASE_FILE)
-        self._store = _LocalStore(root) if root.is_local else _ObjectStore(root)
+        self._store = LocalStore(root) if root.is_local else ObjectStore(root)
         self._me = this_process(ttl)
         self._lock = threading.Lock()
         self._held = False
@@ -163,6 +99,7 @@ class Lease:
             CheckpointStorageError: the lease could not be read or written.
         """
         watched: tuple[str, int, float] | None = None  # (token, count, since) of a remote owner
+        told = -math.inf  # when the wait was last reported
         races = 0
         while True:
             data, version = self._io(self._store.read)
@@ -180,10 +117,14 @@ class Lease:
                     raise self._held_error(other, "it refreshed the lease just now")
                 if watched is None:
                     watched = (other.token, other.count, now)
-                if now - watched[2] < other.ttl:
-                    time.sleep(min(1.0, other.ttl / 10))
+                ttl = bounded_ttl(other.ttl)
+                if now - watched[2] < ttl:
+                    if now - told >= WAIT_REPORT_S:
+                        told = now
+                        self._report_wait(other, ttl - (now - watched[2]))
+                    time.sleep(min(1.0, ttl / 10))
                     continue
-                verdict = f"take:not refreshed for {other.ttl:g}s"
+                verdict = f"take:not refreshed for {ttl:g}s"
             if verdict.startswith("take"):
                 me = dataclasses.replace(self._me, refreshed=time.time(), count=0)
                 if self._io(self._store.swap, me.to_json(), version):
@@ -225,20 +166,32 @@ class Lease:
         if other.host == me.host:
             if other.boot_id and me.boot_id and other.boot_id != me.boot_id:
                 return "take:the machine rebooted since"
-            if not _alive(other.pid, other.pid_start):
+            if not alive(other.pid, other.pid_start):
                 return "take:its process is gone"
             return "held"
-        if time.time() - other.refreshed > max(4 * other.ttl, 120.0):
+        if time.time() - other.refreshed > max(4 * bounded_ttl(other.ttl), 120.0):
             return "take:its last refresh is long past"
         return "watch"
+
+    def _report_wait(self, other: Owner, left: float) -> None:
+        logger.warning(
+            "functrain.checkpoint: waiting for the lease of %s, held by %s on another machine: "
+            "it is taken over once unchanged for %gs (%.0fs more). If that run is dead, delete "
+            "%s to take the root over now; if it is alive, stop it or give this run another root",
+            self.root.url,
+            other.describe(),
+            bounded_ttl(other.ttl),
+            left,
+            self.url,
+        )
 
     def _held_error(self, other: Owner, why: str) -> CheckpointLeaseError:
         return CheckpointLeaseError(
             f"{self.root.url} is in use by another run ({other.describe()}; {why}): two runs "
             "writing one checkpoint root would delete each other's saves. Stop that run, or give "
             "this one another root (Manager(root=...)). If that run is dead on another machine, "
-            f"its lease ({self.url}) expires {other.ttl:g}s after its last refresh and the next "
-            "start takes it over"
+            f"its lease ({self.url}) expires {bounded_ttl(other.ttl):g}s after its last refresh and "
+            "the next start takes it over"
         )
 
     def check(self) -> None:
@@ -326,120 +279,3 @@ class Lease:
                 "by the run that owns it (pass lease_ttl=None to Manager for a root this run "
                 "only reads)"
             ) from err
-
-
-class _LocalStore:
-    """LEASE.json on a local (or mounted) file system.
-
-    Creating it is atomic on its own (`link` fails when the name exists); replacing or deleting
-    it happens under an exclusive `flock` of the root directory, so that reading, comparing and
-    swapping is one step for every process of the machine (and on network file systems whose
-    locks work). No lock file is left behind.
-    """
-
-    def __init__(self, root: storage.Location):
-        self.dir = root.local_path
-        self.path = os.path.join(self.dir, layout.LEASE_FILE)
-
-    def read(self) -> tuple[bytes | None, Any]:
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(1 << 16)
-        except FileNotFoundError:
-            return None, None
-        return data, data
-
-    def swap(self, data: bytes | None, expected: Any) -> bool:
-        os.makedirs(self.dir, exist_ok=True)
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:  # no locks here: creation stays atomic, a take-over is best effort
-                pass
-            current, _ = self.read()
-            if current != expected:
-                return False
-            if data is None:
-                os.remove(self.path)
-                return True
-            tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.partial"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                if expected is None:
-                    try:
-                        os.link(tmp, self.path)  # fails if another run created it meanwhile
-                    except FileExistsError:
-                        return False
-                else:
-                    os.replace(tmp, self.path)
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-            storage.fsync_dir(self.dir)
-            return True
-        finally:
-            os.close(fd)  # releases the flock
-
-
-class _ObjectStore:
-    """LEASE.json as an object, swapped with tensorstore's conditional writes."""
-
-    def __init__(self, root: storage.Location):
-        kvstore = dict(root.kvstore)
-        if root.scheme == "s3":
-            kvstore.setdefault("use_conditional_write", True)
-        self.loc = dataclasses.replace(root, kvstore=kvstore)
-
-    def read(self) -> tuple[bytes | None, bytes]:
-        return storage.read_versioned(self.loc, layout.LEASE_FILE)
-
-    def swap(self, data: bytes | None, expected: bytes) -> bool:
-        return storage.write_if(self.loc, layout.LEASE_FILE, data, expected) is not None
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()  # fields from the state on
-
-
-def _pid_start(pid: int) -> int | None:
-    fields = _proc_stat(pid)
-    try:
-        return int(fields[19]) if fields else None
-    except (IndexError, ValueError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    """True when process `pid` of this machine exists and is the one that took the lease."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, owned by another user
-    except OSError:
-        return False
-    fields = _proc_stat(pid)
-    if fields:
-        if fields[0] in ("Z", "X"):  # a zombie: killed, not yet reaped
-            return False
-        if start is not None and _pid_start(pid) not in (None, start):
-            return False  # the pid was reused by another process
-    return True

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import errno
 import json
 import os
 import shutil
@@ -30,8 +29,8 @@ from urllib.parse import urlparse
 
 import tensorstore as ts
 
-from . import layout
-from .errors import CheckpointCorruptError, CheckpointStorageError
+from . import layout, local_tree
+from .errors import CheckpointStorageError
 
 # One context for every functrain tensorstore: `memory://` stores live as long as it does (a fresh
 # context per call would hand each call an empty memory store), and caches and I/O concurrency
@@ -223,7 +222,7 @@ def read_bytes(loc: Location, name: str, max_bytes: int | None = None) -> bytes 
     limit = layout.MAX_JSON_BYTES if max_bytes is None else max_bytes
     url = loc.file_url(name)
     if loc.is_local:
-        return _read_local(os.path.join(loc.local_path, name), url, limit)
+        return local_tree.read_local_file(os.path.join(loc.local_path, name), url, limit)
     try:
         # (tensorstore's byte ranges must lie inside the object, so they cannot cap the read:
         # an oversized object is read, then refused.)
@@ -236,57 +235,8 @@ def read_bytes(loc: Location, name: str, max_bytes: int | None = None) -> bytes 
     if result.state != "value":
         return None
     if len(result.value) > limit:
-        raise _too_large(url, limit)
+        raise local_tree.too_large(url, limit)
     return bytes(result.value)
-
-
-def _read_local(path: str, url: str, limit: int) -> bytes | None:
-    try:
-        fd = os.open(
-            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-        )
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as err:
-        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise CheckpointCorruptError(
-                f"{url} is a symbolic link; a checkpoint's files must be regular files (a link "
-                "could point outside it) -- replace it by the file itself or load another one",
-                reason="unsafe",
-            ) from None
-        raise CheckpointStorageError(f"cannot open {url}: {err}; check its permissions") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointCorruptError(
-                f"{url} is not a regular file (a FIFO, socket or device: reading it could block "
-                "or read what is not the checkpoint); load another checkpoint",
-                reason="unsafe",
-            )
-        if info.st_size > limit:
-            raise _too_large(url, limit)
-        chunks, size = [], 0
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                break
-            size += len(block)
-            if size > limit:  # it grew while being read
-                raise _too_large(url, limit)
-            chunks.append(block)
-        return b"".join(chunks)
-    except OSError as err:
-        raise CheckpointStorageError(f"reading {url} failed: {err}; check the disk") from None
-    finally:
-        os.close(fd)
-
-
-def _too_large(url: str, limit: int) -> CheckpointCorruptError:
-    return CheckpointCorruptError(
-        f"{url} is larger than {limit} bytes, more than any checkpoint metadata file; it is "
-        "corrupted or crafted -- load an earlier checkpoint",
-        reason="metadata",
-    )
 
 
 def read_many(loc: Location, names: list[str], max_bytes: int | None = None) -> dict:
@@ -347,24 +297,6 @@ def write_many(loc: Location, files: dict[str, bytes]) -> None:
     store = kvstore(loc)
     for future in [store.write(name, data) for name, data in files.items()]:
         future.result()
-
-
-def read_versioned(loc: Location, name: str) -> tuple[bytes | None, bytes]:
-    """`(content or None, generation)` of an object, for a later `write_if` (object stores)."""
-    result = kvstore(loc).read(name).result()
-    value = bytes(result.value) if result.state == "value" else None
-    return value, result.stamp.generation
-
-
-def write_if(loc: Location, name: str, data: bytes | None, generation: bytes) -> bytes | None:
-    """Write (or delete, `data=None`) an object only if it is still at `generation` (from
-    `read_versioned`; that of a missing object means "only if absent").
-
-    Returns:
-        the new generation, or None when the object changed in between (nothing written).
-    """
-    result = kvstore(loc).write(name, data, if_equal=generation).result()
-    return result.generation or None
 
 
 def list_keys(loc: Location) -> list[str]:

@@ -1,12 +1,12 @@
-"""Untrusted input checked before tensorstore sees it: array metadata, local files, memory.
+"""Untrusted array metadata, checked before tensorstore sees it.
 
 A checkpoint's files may be damaged or crafted. tensorstore trusts an array's zarr.json: a huge
 chunk shape makes it allocate until the process aborts (`std::bad_alloc`, uncatchable), and a
 flipped endian codec or an added transpose loads wrong values without an error. So the reader
 reads every zarr.json itself, accepts only the metadata functrain writes (and orbax's, for
 interop), and hands tensorstore the validated metadata (`assume_metadata`), so tensorstore never
-parses a file that was not checked. On local disks the step directory is walked first: a symlink
-(which could point anywhere) or a special file (a FIFO blocks a read forever) is refused.
+parses a file that was not checked. (The files around the arrays are checked by `local_tree`,
+the memory a load needs by `memory`.)
 
 Example:
     >>> meta = array_metadata(record)                    # what the writer stores as zarr.json
@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import resource
-import stat
 from typing import Any
 
 from . import layout
@@ -381,134 +378,14 @@ def metadata_dtype_shape(meta: dict) -> tuple[str, tuple[int, ...]]:
 # -- local files ---------------------------------------------------------------------------------
 
 
-def check_local_tree(path: str, url: str) -> None:
-    """Refuse a local checkpoint directory holding anything but regular files and directories.
-
-    A symlink could make the reader load values from outside the checkpoint (or from a device),
-    and a FIFO or socket makes a read block forever, so none is followed: the walk uses the
-    directory entries' own types (`lstat`), never what they point to.
-
-    Raises:
-        CheckpointCorruptError: naming the entry.
-    """
-    stack = [path]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except NotADirectoryError:
-            raise _unsafe(url, current, path, "is not a directory") from None
-        except FileNotFoundError:
-            continue  # vanished while walking (a concurrent clean-up); reading will say so
-        for entry in entries:
-            if entry.is_symlink():
-                raise _unsafe(url, entry.path, path, "is a symbolic link")
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-            elif not entry.is_file(follow_symlinks=False):
-                kind = _kind(entry.path)
-                raise _unsafe(url, entry.path, path, f"is a {kind}, not a regular file")
-
-
-def _kind(path: str) -> str:
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return "special file"
-    for test, name in (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
-
-
-def _unsafe(url: str, entry: str, root: str, what: str) -> CheckpointCorruptError:
-    rel = os.path.relpath(entry, root)
-    return CheckpointCorruptError(
-        f"{url}: {rel} {what}; a checkpoint holds only regular files and directories, so "
-        "nothing outside it is read and no read can block -- this one was tampered with or "
-        "assembled by hand: copy real files in its place (cp -L) or load an earlier checkpoint",
-        reason="unsafe",
-    )
-
-
 # -- memory ----------------------------------------------------------------------------------------
-
-
-def memory_budget() -> int:
-    """The bytes this process could still allocate: physical memory, or less under an
-    address-space limit (RLIMIT_AS)."""
-    try:
-        budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        budget = 2**62
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        used = 0
-        try:
-            with open("/proc/self/statm") as f:
-                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            pass
-        budget = min(budget, max(0, soft - used))
-    return budget
-
-
-def check_fits_in_memory(arrays: list[tuple[str, str, tuple[int, ...]]]) -> None:
-    """Refuse a load without `like` whose arrays could not all be allocated.
-
-    Args:
-        arrays: `(url, dtype, shape)` of every array the load reads whole.
-    Raises:
-        CheckpointCorruptError: naming the largest array, before anything is allocated.
-    """
-    total, largest = 0, None
-    for url, dtype, shape in arrays:
-        nbytes = math.prod(shape) * _itemsize(dtype)
-        total += nbytes
-        if largest is None or nbytes > largest[1]:
-            largest = (url, nbytes, dtype, shape)
-    budget = memory_budget()
-    if total <= budget:
-        return
-    url, nbytes, dtype, shape = largest
-    raise CheckpointCorruptError(
-        f"loading without `like` would allocate {total} bytes, more than this process can "
-        f"({budget}); the largest array, {url}, declares {dtype}{list(shape)} ({nbytes} bytes). "
-        "Either its metadata is corrupted or crafted, or the checkpoint is too large to load "
-        "whole: pass like= (a state of meta tensors gives the shapes without memory) or "
-        "ignore=/weights_only= to load a part",
-        reason="metadata",
-    )
-
-
-def storage_failure(message: str) -> bool:
-    """True when a tensorstore error is the storage failing (retry later), not bad data."""
-    transient = (
-        "UNAVAILABLE",
-        "DEADLINE_EXCEEDED",
-        "PERMISSION_DENIED",
-        "UNAUTHENTICATED",
-        "RESOURCE_EXHAUSTED",
-        "CANCELLED",
-        "ABORTED",
-    )
-    return message.split(":", 1)[0].strip() in transient
 
 
 __all__ = [
     "array_metadata",
     "check_array_metadata",
-    "check_fits_in_memory",
-    "check_local_tree",
     "check_zarr2_metadata",
     "encode",
     "fill_value",
-    "memory_budget",
     "metadata_dtype_shape",
-    "storage_failure",
 ]

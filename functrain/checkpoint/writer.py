@@ -32,25 +32,17 @@ import numpy as np
 import tensorstore as ts
 import torch
 
-from . import layout, storage, verify
+from . import layout, orbax_layout, storage, verify
 from .errors import CheckpointError
-
-# Staging lives in `staging`; its names are re-exported so `writer.stage(...)` keeps working.
-from .staging import Staged, StagedLeaf, dist_info, empty_nodes, leaf_paths, stage
+from .staging import Staged, StagedLeaf, dist_info, stage
 
 __all__ = [
-    "Staged",
-    "StagedLeaf",
     "agree",
     "array_spec",
     "committed",
-    "dist_info",
-    "empty_nodes",
-    "leaf_paths",
     "max_over_ranks",
     "save",
     "share_text",
-    "stage",
     "write",
 ]
 
@@ -287,7 +279,7 @@ def _commit(
     records = [item.record for item in staged.leaves]
     tree_bytes = layout.dump_json(layout.tree_description(records, staged.treedef, staged.step))
     metadata = {layout.TREE_FILE: tree_bytes}
-    orbax = layout.orbax_metadata(records, scalar_arrays, staged.empty_nodes)
+    orbax = orbax_layout.orbax_metadata(records, scalar_arrays, staged.empty_nodes)
     metadata[layout.ORBAX_METADATA] = layout.dump_json(orbax)
     strings = {r.key: r.value for r in records if r.kind == "str"}
     if strings:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..units import TimeLike
 from .evaluation import evaluate, predict
+from .launch_record import launched, record_commit
 from .options import FitOptions
 from .run import FitRun, StepError
 
@@ -142,5 +143,13 @@ def fit(
         seed=seed,
         progress=progress,
     )
-    result = FitRun(step, state, train_data, options).run()
+    run = FitRun(step, state, train_data, options)
+    manager = run.checkpoints
+    if manager is not None and launched():
+        manager.subscribe(record_commit)  # the launcher's last line names the last commit
+    try:
+        result = run.run()
+    finally:
+        if manager is not None and manager is options.checkpoints:
+            manager.release(wait=False)  # the caller's manager: lease back, reusable
     return result if return_result else result.state

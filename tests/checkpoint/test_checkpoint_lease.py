@@ -17,7 +17,7 @@ from test_checkpoint_storage import BUCKET, s3_server  # noqa: F401 -- a fixture
 
 import functrain
 from functrain import checkpoint
-from functrain.checkpoint import Manager, layout, lease, storage
+from functrain.checkpoint import Manager, layout, lease, lease_owner, lease_store, storage
 from functrain.checkpoint.errors import CheckpointError, CheckpointLeaseError
 
 MISSING = b"\x02"  # tensorstore's generation of an absent object: "create only if absent"
@@ -28,11 +28,11 @@ def tiny(step: int, value: float = 0.0) -> functrain.TrainState:
                                 opt_state=(), rng=functrain.RngState())  # fmt: skip
 
 
-def _write_record(root, **changes) -> lease.Owner:
+def _write_record(root, **changes) -> lease_owner.Owner:
     """Put another owner's lease record in `root` (as if another run held it)."""
-    fields = dict(lease.this_process(30.0).__dict__)
+    fields = dict(lease_owner.this_process(30.0).__dict__)
     fields.update(changes)
-    owner = lease.Owner(**fields)
+    owner = lease_owner.Owner(**fields)
     loc = storage.resolve(root)
     if loc.is_local:
         os.makedirs(loc.local_path, exist_ok=True)
@@ -76,7 +76,7 @@ def test_a_silent_owner_elsewhere_is_taken_over_after_its_ttl(tmp_path, caplog):
     manager = Manager(tmp_path, async_save=False)
     manager.save(tiny(1))  # waits until the record stayed unchanged for 0.5 s
     assert "took over the lease" in caplog.text and "not refreshed for 0.5s" in caplog.text
-    owner = lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
+    owner = lease_owner.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
     assert owner.pid == os.getpid()
     manager.close()
     assert layout.LEASE_FILE not in os.listdir(tmp_path)  # released on close
@@ -150,7 +150,9 @@ def test_only_saves_and_restores_take_the_lease(tmp_path):
         manager.save(tiny(1))
         reader = Manager(tmp_path)  # listing is not owning
         assert reader.latest() == str(tmp_path / "step_000000001") and reader.checkpoints()
-        assert lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes()).pid == os.getpid()
+        assert (
+            lease_owner.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes()).pid == os.getpid()
+        )
     unleased = Manager(tmp_path, async_save=False, lease_ttl=None)
     assert unleased.restore(tiny(0)).step == 1
     assert layout.LEASE_FILE not in os.listdir(tmp_path)
@@ -159,11 +161,11 @@ def test_only_saves_and_restores_take_the_lease(tmp_path):
 def test_the_lease_is_refreshed_while_the_run_lives(tmp_path):
     manager = Manager(tmp_path, async_save=False, lease_ttl=0.4)
     manager.save(tiny(1))
-    first = lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
+    first = lease_owner.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the background refresher bumps the count
         time.sleep(0.1)
-        now = lease.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
+        now = lease_owner.Owner.parse((tmp_path / layout.LEASE_FILE).read_bytes())
         if now.count > first.count:
             break
     assert now.count > first.count and now.token == first.token
@@ -177,7 +179,7 @@ def test_s3_conditional_writes_let_exactly_one_of_many_take_the_lease(s3_server)
     endpoint, _ = s3_server
     for trial in range(5):
         root = storage.resolve(f"s3://{BUCKET}/race/{trial}", {"endpoint": endpoint})
-        stores = [lease._ObjectStore(root) for _ in range(8)]
+        stores = [lease_store.ObjectStore(root) for _ in range(8)]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             won = list(
                 pool.map(lambda s: s[1].swap(f"{s[0]}".encode(), MISSING), enumerate(stores))
@@ -210,3 +212,81 @@ def test_s3_two_processes_one_root(s3_server):  # noqa: F811
         child.stdout.close()
     with Manager(root, async_save=False, storage_options=options, lease_ttl=3600) as third:
         assert third.restore(tiny(0)).step == 1  # the owner died on this machine: at once
+
+
+# -- a lease record is untrusted input (issue 30 point 9) --------------------------------------
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list]:
+    """Run `fn` in a daemon thread; its outcome lands in the returned list. (A hang guard: a
+    test that would otherwise block forever fails instead.)"""
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append(fn())
+        except BaseException as err:  # noqa: BLE001 -- handed to the test
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=300)
+    return thread, outcome
+
+
+@pytest.mark.parametrize("ttl", [1e9, float("inf")])
+def test_an_endless_ttl_is_waited_out_at_most_max_ttl_saying_who_and_how(
+    tmp_path, caplog, monkeypatch, ttl
+):
+    monkeypatch.setattr(lease, "MAX_TTL", 0.5)
+    monkeypatch.setattr(lease, "WAIT_REPORT_S", 0.0)
+    _write_record(tmp_path, host="node-17", pid=4242, ttl=ttl)
+    manager = Manager(tmp_path, async_save=False)
+    thread, outcome = _in_thread(lambda: manager.save(tiny(1)))
+    assert not thread.is_alive(), "the run waited out a record's ttl without bound"
+    assert isinstance(outcome[0], str), outcome
+    waits = [r.getMessage() for r in caplog.records if "waiting for the lease" in r.getMessage()]
+    assert waits and "host node-17, pid 4242" in waits[0]
+    assert f"delete {tmp_path / layout.LEASE_FILE}" in waits[0]  # how to take the root over
+    assert "not refreshed for 0.5s" in caplog.text
+    manager.close()
+
+
+def test_a_lease_file_that_is_a_fifo_is_refused(tmp_path):
+    os.mkfifo(tmp_path / layout.LEASE_FILE)
+    manager = Manager(tmp_path, async_save=False)
+    thread, outcome = _in_thread(lambda: manager.save(tiny(1)))
+    if thread.is_alive():  # blocked opening the FIFO: let it go before failing
+        os.close(os.open(tmp_path / layout.LEASE_FILE, os.O_WRONLY | os.O_NONBLOCK))
+    assert not thread.is_alive(), "opening the FIFO blocked"
+    assert isinstance(outcome[0], CheckpointError) and "not a regular file" in str(outcome[0])
+    assert checkpoint.checkpoints(tmp_path) == []
+
+
+def test_a_failed_lease_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    manager = Manager(tmp_path, async_save=False)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        manager.save(tiny(1))
+    assert os.listdir(tmp_path) == []  # no LEASE.json.*.partial left behind
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_root_that_is_a_file_raises_checkpoint_error(tmp_path, below):
+    path = tmp_path / "not_a_dir"
+    path.write_text("x")
+    root = path / "run" if below else path
+    for listing in (checkpoint.checkpoints, checkpoint.latest):
+        with pytest.raises(CheckpointError, match="not a directory"):
+            listing(root)
+    manager = Manager(root, async_save=False)
+    with pytest.raises(CheckpointError, match="not a directory"):
+        manager.latest()
+    with pytest.raises(CheckpointError):
+        manager.save(tiny(1))
+    with pytest.raises(CheckpointError):
+        manager.restore(tiny(0))
+    manager.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ import functrain
 from functrain import checkpoint
 from functrain.checkpoint import Manager, retained_steps, writer
 from functrain.checkpoint.errors import CheckpointError
+from functrain.checkpoint.schedule import SaveSchedule
 from functrain.units import Timestamp
 
 LEASE_FILES = {"LEASE.json"}  # the run's lease of the root (see test_lease)
@@ -41,37 +44,53 @@ def tiny(step: int, epoch: int = 0, value: float = 0.0) -> functrain.TrainState:
 # -- when to save -----------------------------------------------------------------------------
 
 
+def _saved_at(schedule: SaveSchedule, timestamps) -> list:
+    """The timestamps a run asking `due` at each one, and saving when told, saves at."""
+    saved, last = [], None
+    for ts in timestamps:
+        if schedule.due(ts, last) and schedule.due(ts, last):  # a question: asking changes nothing
+            saved.append(ts)
+            last = schedule.index(ts)
+    return saved
+
+
 def test_should_save_every_n_batches():
-    manager = Manager("memory://mgr/ba", every="3ba", async_save=False)
-    due = [b for b in range(1, 11) if manager.should_save(Timestamp(batch=b))]
-    assert due == [3, 6, 9]
+    saved = _saved_at(SaveSchedule.parse("3ba"), [Timestamp(batch=b) for b in range(1, 11)])
+    assert [ts.batch for ts in saved] == [3, 6, 9]
 
 
 def test_should_save_each_epoch_once():
-    manager = Manager("memory://mgr/ep", every="1ep", async_save=False)
-    ts, due = Timestamp(batches_per_epoch=3), []
+    schedule, ts, seen = SaveSchedule.parse("1ep"), Timestamp(batches_per_epoch=3), []
     for _ in range(2):
         for _ in range(3):
             ts = ts.advance_batch(samples=4)
-            due.append(manager.should_save(ts))
+            seen.append(ts)
         ts = ts.advance_epoch()
-        due.append(manager.should_save(ts))
-        due.append(manager.should_save(ts))  # asked twice at the same moment: saved once
-    assert due == [False, False, False, True, False] * 2
+        seen += [ts, ts]  # asked twice at the same moment: saved once
+    assert [(t.epoch, t.batch) for t in _saved_at(schedule, seen)] == [(1, 3), (2, 6)]
 
 
 def test_should_save_samples_and_duration():
-    manager = Manager("memory://mgr/sp", every="64sp", async_save=False)
-    ts, due = Timestamp(), []
+    ts, seen = Timestamp(), []
     for _ in range(6):
         ts = ts.advance_batch(samples=48)
-        due.append(ts.sample if manager.should_save(ts) else None)
-    assert due == [None, 96, 144, 192, None, 288]  # each multiple of 64 crossed, once
-    half = Manager("memory://mgr/dur", every="0.5dur", async_save=False)
-    assert [b for b in range(1, 11) if half.should_save(Timestamp(batch=b, max_batches=10))] == [
-        5,
-        10,
-    ]
+        seen.append(ts)
+    saved = _saved_at(SaveSchedule.parse("64sp"), seen)
+    assert [t.sample for t in saved] == [96, 144, 192, 288]  # each multiple of 64 crossed, once
+    half = _saved_at(
+        SaveSchedule.parse("0.5dur"), [Timestamp(batch=b, max_batches=10) for b in range(1, 11)]
+    )
+    assert [t.batch for t in half] == [5, 10]
+
+
+def test_should_save_is_a_question_and_save_records_the_answer():
+    manager = Manager("memory://mgr/pure", every="2ba", async_save=False, lease_ttl=None)
+    assert not manager.should_save(Timestamp(batch=1))
+    assert manager.should_save(Timestamp(batch=2)) and manager.should_save(Timestamp(batch=2))
+    manager.save(tiny(2))
+    assert not manager.should_save(Timestamp(batch=2))
+    assert not manager.should_save(Timestamp(batch=3)) and manager.should_save(Timestamp(batch=4))
+    manager.close()
 
 
 def test_restore_does_not_trigger_an_immediate_save():
@@ -316,3 +335,51 @@ def test_stale_directories_are_collected(tmp_path):
     manager = Manager(tmp_path, async_save=False)
     manager.save(tiny(6))
     assert sorted(set(os.listdir(tmp_path)) - LEASE_FILES) == ["step_000000006", "unrelated"]
+
+
+# -- publishing commits, and who closes a manager --------------------------------------------
+
+
+def test_on_commit_subscribers_hear_each_commit_once():
+    heard = []
+
+    def hear(step, url):
+        heard.append((step, url))
+
+    manager = Manager("memory://mgr/on_commit", every=None, lease_ttl=None, on_commit=[hear])
+    manager.subscribe(hear)  # already subscribed: still called once per commit
+    first = manager.save(tiny(1))
+    second = manager.save(tiny(2))
+    manager.close()
+    assert heard == [(1, first), (2, second)]
+    with pytest.raises(TypeError, match="on_commit takes functions"):
+        manager.subscribe("print")
+
+
+def test_a_manager_is_a_context_manager_that_gives_its_root_back(tmp_path):
+    with Manager(tmp_path, every=None) as manager:
+        manager.save(tiny(1))
+        assert (tmp_path / "LEASE.json").exists()
+    assert not (tmp_path / "LEASE.json").exists()
+    with pytest.raises(RuntimeError, match="is closed; create a new one"):
+        manager.save(tiny(2))
+
+
+def test_released_manager_takes_the_lease_again_when_used(tmp_path):
+    manager = Manager(tmp_path, every=None, async_save=False)
+    manager.save(tiny(1))
+    manager.release()
+    assert not (tmp_path / "LEASE.json").exists()
+    assert manager.restore(tiny(0)).step == 1  # the lease is taken again, lazily
+    assert (tmp_path / "LEASE.json").exists()
+    manager.close()
+
+
+def test_the_checkpoint_package_imports_neither_the_launcher_nor_the_teardown():
+    package = Path(checkpoint.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names]
+                text = f"{getattr(node, 'module', None)} {names}"
+                assert "launch" not in text and "teardown" not in text, (path.name, text)

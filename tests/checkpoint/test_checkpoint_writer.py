@@ -12,7 +12,7 @@ import torch
 from ckpt_helpers import blank_like, make_state, same_bits
 
 from functrain import checkpoint
-from functrain.checkpoint import layout, sharding, storage, writer
+from functrain.checkpoint import layout, sharding, staging, storage, writer
 from functrain.checkpoint.errors import CheckpointError
 
 
@@ -154,7 +154,7 @@ def test_scalars_get_orbax_arrays_and_json_values(tmp_path):
 
 def test_blank_like_round_trip_through_stage_and_write(tmp_path):
     state = make_state(seed=3)
-    url = writer.write(writer.stage(state), storage.resolve(tmp_path / "x"))
+    url = writer.write(staging.stage(state), storage.resolve(tmp_path / "x"))
     assert url == str(tmp_path / "x")
     loaded = checkpoint.load(url, like=blank_like(state))
     assert same_bits(loaded.extra["mixed"]["e4m3"], state.extra["mixed"]["e4m3"])

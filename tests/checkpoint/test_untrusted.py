@@ -30,7 +30,7 @@ from untrusted_worker import Counter, small_state
 
 import functrain
 from functrain import checkpoint
-from functrain.checkpoint import layout, lease
+from functrain.checkpoint import layout, lease_owner
 from functrain.data import Loader
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and FIFOs: Linux")
@@ -583,17 +583,17 @@ def _bombs(add) -> None:
 
 def _leases(add) -> None:
     def owner(**changes):
-        me = lease.this_process(30.0)
+        me = lease_owner.this_process(30.0)
         fields = dict(me.__dict__)
         fields.update(changes)
-        return lease.Owner(**fields)
+        return lease_owner.Owner(**fields)
 
-    def write(d, record: lease.Owner | bytes):
+    def write(d, record: lease_owner.Owner | bytes):
         data = record if isinstance(record, bytes) else record.to_json()
         atk.replace(os.path.join(os.path.dirname(d), "LEASE.json"), data)
 
     parent = os.getpid()  # alive for as long as the test runs: another run on this machine
-    alive = owner(pid=parent, pid_start=lease._pid_start(parent))
+    alive = owner(pid=parent, pid_start=lease_owner.pid_start(parent))
     add("two writers: the root is leased by a live run here", "two writers",
         lambda d: write(d, alive), ("manager",))  # fmt: skip
     dead = owner(pid=_dead_pid())

@@ -1,0 +1,105 @@
+"""`BackgroundWriter`: the asynchronous half of a `Manager`'s saves.
+
+It owns what writing in the background needs: one worker thread, the host buffers a state is
+copied into (reused save after save, so a save allocates nothing after the first), and, on
+several ranks, a gloo process group of its own, so that the writes' collectives never interleave
+with the training collectives on the default group. A second save waits for the first; an error
+of the thread is raised by the next `wait`.
+
+Whoever creates a `BackgroundWriter` closes it (`Manager.close`, `with Manager(...)`, or `fit`
+for a manager it made): the save in flight needs its group, and a group still referenced is
+never freed.
+
+Example:
+    >>> background = BackgroundWriter(async_save=True)
+    >>> staged = background.stage(state)
+    >>> background.submit(lambda: writer.write(staged, loc), loc.url, state.step)
+    >>> background.wait()
+    >>> background.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError
+from .staging import Staged, dist_info, stage
+
+
+class BackgroundWriter:
+    """Stages states on the host and runs their writes, in a worker thread when asynchronous.
+
+    Args:
+        async_save: write in a background thread (else `submit` runs the write at once).
+        process_group: the ranks that save together (default: all; asynchronous saves on
+            several ranks get a gloo group of their own, destroyed by `close`).
+    """
+
+    def __init__(self, async_save: bool, process_group=None):
+        self.async_save = async_save
+        self.rank, world = dist_info(process_group)
+        self.group, self._own_group = process_group, False
+        if async_save and process_group is None and world > 1:
+            self.group = torch.distributed.new_group(backend="gloo")
+            self._own_group = True
+        self._executor = None
+        if async_save:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="functrain-checkpoint"
+            )
+        self._pending: tuple[concurrent.futures.Future, str, int] | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # host copies, reused save after save
+
+    def stage(self, state: Any) -> Staged:
+        """Describe `state` and take this rank's data off the device (a copy when asynchronous:
+        training goes on changing the originals)."""
+        buffers = self._buffers if self.async_save else None
+        return stage(state, copy=self.async_save, buffers=buffers, group=self.group)
+
+    def submit(self, job: Callable[[], None], url: str, step: int) -> None:
+        """Run `job` (the write of step `step` to `url`) in the background, or now when
+        synchronous. Call `wait` first: one write is in flight at a time."""
+        if self._executor is None:
+            job()
+        else:
+            self._pending = (self._executor.submit(job), url, step)
+
+    @property
+    def pending(self) -> bool:
+        """True while a write was submitted and not yet waited for."""
+        return self._pending is not None
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is done.
+
+        Raises:
+            CheckpointError: that write failed (the error of the background thread).
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        future, url, step = pending
+        try:
+            future.result()
+        except Exception as err:
+            raise CheckpointError(
+                f"the asynchronous save of step {step} to {url} failed: {err}"
+            ) from err
+
+    def close(self) -> None:
+        """Stop the worker thread and destroy the group this writer made (call `wait` first)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._own_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group(self.group)
+        if self._own_group:
+            self.group = None  # a group still referenced is never freed (its threads live)
+            self._own_group = False
+
+
+__all__ = ["BackgroundWriter"]
