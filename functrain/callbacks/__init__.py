@@ -16,6 +16,7 @@ from .image_visualizer import ImageVisualizer, render_grid
 from .interval import Interval, LogCadence
 from .lr_monitor import LRMonitor, learning_rates
 from .memory_monitor import MemoryMonitor, cuda_memory, process_memory
+from .model_summary import ModelSummary
 from .nan_monitor import NaNMonitor, NonFiniteError
 from .optimizer_monitor import OptimizerMonitor, group_norms, group_of
 from .runtime_estimator import RuntimeEstimator
@@ -31,6 +32,7 @@ __all__ = [
     "LRMonitor",
     "LogCadence",
     "MemoryMonitor",
+    "ModelSummary",
     "NaNMonitor",
     "NonFiniteError",
     "OptimizerMonitor",
