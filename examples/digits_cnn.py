@@ -12,6 +12,7 @@ whole recipe: a model, a loss, an optimizer with a schedule, `functrain.init`, `
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from _common import (
     resumable_checkpoints,
     run_loggers,
     set_threads,
+    stopped,
 )
 from torch import nn
 
@@ -58,9 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, callbacks=()) -> dict:
     args = parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, default=1)  # 8.5k parameters: more threads only wait
     mesh = data_parallel_mesh()
     split = datasets.digits(seed=0)
     train = Loader(split.train, args.batch_size, seed=args.seed)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     from functrain.loggers import ConsoleLogger, ProgressBar
 
     with resumable_checkpoints(args.run_dir, every="1ep") as checkpoints:
-        state = fit(
+        result = fit(
             step,
             state,
             train,
@@ -87,9 +89,14 @@ def main(argv: list[str] | None = None) -> dict:
             loggers=[ProgressBar(), ConsoleLogger(), *run_loggers(args.run_dir)],
             log_interval="1ep",
             checkpoints=checkpoints,
+            callbacks=list(callbacks),
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,
+            return_result=True,
         )
+    state = result.state
+    if stopped(result, args.run_dir):  # a stopped run reports no result: it has not finished
+        return {"state": state, "exit_code": result.exit_code}
     results = evaluate(step, state, test, metrics=["accuracy"])
     rank, _ = functrain.parallel.data_parallel_info(state.layout)
     if rank == 0:
@@ -97,8 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"digits: test accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f} "
             f"after {state.timestamp.epoch} epochs ({state.step} steps)"
         )
-    return {**results, "state": state}
+    return {**results, "state": state, "exit_code": result.exit_code}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["exit_code"])

@@ -27,6 +27,7 @@ from _common import (
     example_parser,
     resumable_checkpoints,
     set_threads,
+    stopped,
 )
 
 import functrain
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> dict:
     parser.add_argument("--save-every", default="1ep", help="checkpoint interval (--run-dir)")
     add_run_args(parser, lr=3e-3, quick_help="one teacher and two student epochs")
     args = parser.parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, default=1)  # two small MLPs: more threads only wait
     teacher_epochs, epochs = (1, 2) if args.quick else (args.teacher_epochs, args.epochs)
     split = datasets.digits(seed=0)
     train = Loader(split.train, args.batch_size, seed=args.seed)
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None, callbacks=()) -> dict:
             run_dir=teacher_dir,
             return_result=True,
         )
-    if result.preempted:
+    if stopped(result, teacher_dir):  # the student needs the whole teacher
         return {"exit_code": result.exit_code}
     teacher_state = result.state
 
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None, callbacks=()) -> dict:
             return_result=True,
         )
     run = result.state  # a FitState: both states and the loop's position
+    if stopped(result, args.run_dir):  # a stopped run reports no result: it has not finished
+        return {"run": run, "exit_code": result.exit_code}
     teacher_acc = functrain.evaluate(teacher, run.states["teacher"], test, metrics=["accuracy"])
     student_acc = functrain.evaluate(step, student_ema(run.states), test, metrics=["accuracy"])
     if functrain.parallel.data_parallel_info(run.states["student"].layout)[0] == 0:

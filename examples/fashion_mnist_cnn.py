@@ -22,6 +22,7 @@ from _common import (
     resumable_checkpoints,
     run_loggers,
     set_threads,
+    stopped,
 )
 from torch import nn
 from torch.utils.data import Subset
@@ -56,9 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, callbacks=()) -> dict:
     args = parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, default=4)  # a 28x28 CNN: a few threads pay off, more only wait
     try:
         split = datasets.fashion_mnist()
     except datasets.DatasetNotFound as error:
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     from functrain.loggers import ConsoleLogger, ProgressBar
 
     with resumable_checkpoints(args.run_dir, every="200ba") as checkpoints:
-        state = fit(
+        result = fit(
             step,
             state,
             train,
@@ -88,17 +89,22 @@ def main(argv: list[str] | None = None) -> dict:
             eval_metrics=["accuracy"],
             loggers=[ProgressBar(), ConsoleLogger(interval="100ba"), *run_loggers(args.run_dir)],
             checkpoints=checkpoints,
+            callbacks=list(callbacks),
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,
+            return_result=True,
         )
+    state = result.state
+    if stopped(result, args.run_dir):  # a stopped run reports no result: it has not finished
+        return {"state": state, "exit_code": result.exit_code}
     results = evaluate(step, state, test, metrics=["accuracy"])
     if functrain.parallel.data_parallel_info(state.layout)[0] == 0:
         print(
             f"fashion-mnist: test accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f} "
             f"after {state.step} steps"
         )
-    return {**results, "state": state}
+    return {**results, "state": state, "exit_code": result.exit_code}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["exit_code"])

@@ -25,6 +25,7 @@ import tempfile
 
 import torch
 import torch.nn.functional as F
+from _common import set_threads, stopped
 from torch.utils.data import Subset, TensorDataset
 
 import functrain
@@ -104,7 +105,7 @@ def require_transformers() -> None:
 
 def run_phase(step, state, train, val, *, steps, metrics, run_dir, name, quick):
     """One `fit` with evaluation and (with a run dir) its own auto-resumed checkpoints and
-    metrics log (`<run_dir>/<name>/metrics.jsonl`)."""
+    metrics log (`<run_dir>/<name>/metrics.jsonl`); its `FitResult`."""
     from functrain.loggers import ConsoleLogger, JSONLLogger, ProgressBar
 
     checkpoints, loggers = None, [ProgressBar(), ConsoleLogger(interval="100ba")]
@@ -125,6 +126,7 @@ def run_phase(step, state, train, val, *, steps, metrics, run_dir, name, quick):
             loggers=loggers,
             checkpoints=checkpoints,
             autoresume=checkpoints is not None,
+            return_result=True,
         )
     finally:
         if checkpoints is not None:
@@ -139,7 +141,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-dir", default=None, help="checkpoints and the pretrained model")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch intra-op threads (default: OMP_NUM_THREADS, else up to 4)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a few steps of each phase")
     return parser.parse_args(argv)
 
@@ -147,8 +152,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     require_transformers()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads, default=4)  # a small GPT-2: a few threads pay off, more only wait
     import transformers
 
     transformers.logging.set_verbosity_error()  # "newly initialised score weights": expected
@@ -186,8 +190,12 @@ def main(argv: list[str] | None = None) -> dict:
     state = functrain.init(lm, opt, seed=args.seed, mesh=mesh, plan=plan)
     rank = functrain.parallel.data_parallel_info(state.layout)[0]
     step = functrain.make_step(lm, lm_loss, opt)
-    state = run_phase(step, state, lm_train, lm_val, steps=pretrain_steps, metrics=["perplexity"],
-                      run_dir=args.run_dir, name="pretrain", quick=args.quick)  # fmt: skip
+    result = run_phase(step, state, lm_train, lm_val, steps=pretrain_steps,
+                       metrics=["perplexity"], run_dir=args.run_dir, name="pretrain",
+                       quick=args.quick)  # fmt: skip
+    if stopped(result, args.run_dir):  # a stopped run reports no result: it has not finished
+        return {"exit_code": result.exit_code}
+    state = result.state
     pretrained = evaluate(step, state, lm_val, metrics=["perplexity"])
     pretrained_dir = os.path.join(run_dir, "pretrained")
     plain = transformers.GPT2LMHeadModel(config)
@@ -218,18 +226,24 @@ def main(argv: list[str] | None = None) -> dict:
                                     weight_decay=0.01)  # fmt: skip
         state = functrain.init(model, opt, seed=args.seed, mesh=mesh, plan=plan)
         step = functrain.make_step(model, classification_loss, opt)
-        state = run_phase(step, state, clf_train, clf_val, steps=finetune_steps,
-                          metrics=["accuracy"], run_dir=args.run_dir, name=name,
-                          quick=args.quick)  # fmt: skip
-        return evaluate(step, state, clf_val, metrics=["accuracy"])
+        result = run_phase(step, state, clf_train, clf_val, steps=finetune_steps,
+                           metrics=["accuracy"], run_dir=args.run_dir, name=name,
+                           quick=args.quick)  # fmt: skip
+        if stopped(result, args.run_dir):
+            return None, result.exit_code
+        return evaluate(step, result.state, clf_val, metrics=["accuracy"]), 0
 
     torch.manual_seed(args.seed)  # the new classification head's initial weights
     clf = transformers.GPT2ForSequenceClassification.from_pretrained(pretrained_dir, num_labels=2)
-    finetuned = classify(clf, "finetune")
+    finetuned, code = classify(clf, "finetune")
+    if finetuned is None:
+        return {"exit_code": code}
     # 3. The same classifier and training from random weights: what the pretraining bought.
     torch.manual_seed(args.seed)
     scratch_config = transformers.GPT2Config.from_pretrained(pretrained_dir, num_labels=2)
-    scratch = classify(transformers.GPT2ForSequenceClassification(scratch_config), "scratch")
+    scratch, code = classify(transformers.GPT2ForSequenceClassification(scratch_config), "scratch")
+    if scratch is None:
+        return {"exit_code": code}
     if rank == 0:
         print(f"pretrain: validation loss {pretrained['loss']:.3f} nats/char after "
               f"{pretrain_steps} steps")  # fmt: skip
@@ -237,8 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{len(ids) - cut} held-out lines (chance 0.5) after {finetune_steps} steps; "
               f"from scratch {scratch['accuracy']:.3f}")  # fmt: skip
     return {"pretrain": pretrained, "finetune": finetuned, "scratch": scratch,
-            "pretrained_dir": pretrained_dir}  # fmt: skip
+            "pretrained_dir": pretrained_dir, "exit_code": 0}  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["exit_code"])

@@ -23,6 +23,7 @@ from _common import (
     resumable_checkpoints,
     run_loggers,
     set_threads,
+    stopped,
 )
 from torch.utils.data import Subset
 
@@ -81,9 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, callbacks=()) -> dict:
     args = parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, default=4)  # a small GPT: a few threads pay off, more only wait
     text = load_text(args.quick)
     mesh = data_parallel_mesh()
     vocab = CharVocab(text)
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     steps = 20 if args.quick else args.steps
     with resumable_checkpoints(args.run_dir, every="250ba") as checkpoints:
-        state = fit(
+        result = fit(
             step,
             state,
             train,
@@ -124,17 +125,22 @@ def main(argv: list[str] | None = None) -> dict:
             eval_metrics=["perplexity"],
             loggers=[ProgressBar(), ConsoleLogger(interval="100ba"), *run_loggers(args.run_dir)],
             checkpoints=checkpoints,
+            callbacks=list(callbacks),
             autoresume=checkpoints is not None,
             run_dir=args.run_dir,
+            return_result=True,
         )
+    state = result.state
+    if stopped(result, args.run_dir):  # a stopped run reports no result: it has not finished
+        return {"state": state, "exit_code": result.exit_code}
     results = evaluate(step, state, val, metrics=["perplexity"])
     text_sample = sample(step, state, vocab, "\n", 40 if args.quick else 300, seed=args.seed)
     if functrain.parallel.data_parallel_info(state.layout)[0] == 0:
         print(f"shakespeare: validation loss {results['loss']:.3f} nats/char "
               f"(perplexity {results['perplexity']:.2f}) after {state.step} steps")  # fmt: skip
         print("sample:" + text_sample)
-    return {**results, "sample": text_sample, "state": state}
+    return {**results, "sample": text_sample, "state": state, "exit_code": result.exit_code}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["exit_code"])

@@ -4,6 +4,7 @@ their --quick mode (skipped, with the install command, where their data is absen
 import importlib.util
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -55,6 +56,62 @@ def test_digits_reaches_97_percent_and_a_rerun_resumes(tmp_path, one_thread):
     again = digits.main(["--run-dir", str(tmp_path), *one_thread])  # resumes the finished run
     assert again["state"].step == first["state"].step
     assert again["accuracy"] == first["accuracy"]
+
+
+class SignalAt:
+    """Send `signum` to this process at the end of batch `at` (fit stops at its boundary)."""
+
+    def __init__(self, signum, at):
+        self.signum, self.at = signum, at
+
+    def batch_end(self, ctx):
+        if ctx.timestamp.batch == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 75), (signal.SIGINT, 130)])
+def test_a_stopped_example_does_not_look_finished(tmp_path, one_thread, capsys, signum, code):
+    digits = load_example("digits_cnn")
+    argv = ["--quick", "--run-dir", str(tmp_path), *one_thread]
+    stopped = digits.main(argv, callbacks=[SignalAt(signum, 5)])
+    assert stopped["exit_code"] == code  # what `sys.exit(main()["exit_code"])` exits with
+    assert stopped["state"].step == 5
+    printed = capsys.readouterr().out
+    assert "stopped at step 5" in printed
+    assert "run the same command again to continue" in printed
+    assert "digits: test accuracy" not in printed  # no result line for an unfinished run
+    again = digits.main(argv)  # the same command continues and finishes
+    assert again["exit_code"] == 0 and again["state"].step == 44
+    assert "digits: test accuracy" in capsys.readouterr().out
+
+
+def test_a_stopped_example_without_a_run_dir_says_nothing_was_kept(one_thread, capsys):
+    gan = load_example("gan_digits")
+    out = gan.main(["--iterations", "20", *one_thread], callbacks=[SignalAt(signal.SIGTERM, 3)])
+    assert out["exit_code"] == 75 and out["run"].step == 3
+    printed = capsys.readouterr().out
+    assert "stopped at step 3" in printed and "add --run-dir DIR" in printed
+    assert "mean |E[fake] - E[real]|" not in printed
+
+
+def test_examples_pick_their_threads(monkeypatch):
+    common = load_example("_common")
+    threads = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        common.set_threads(None, default=1)  # no flag, no variable: the example's default
+        assert torch.get_num_threads() == 1
+        common.set_threads(None, default=10_000)  # never more than the machine's cores
+        assert torch.get_num_threads() == os.cpu_count()
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        torch.set_num_threads(2)  # what torch read from the variable at start-up
+        common.set_threads(None, default=1)  # the user's variable wins over the default
+        assert torch.get_num_threads() == 2
+        common.set_threads(1, default=4)  # and --threads over both
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_fashion_mnist_quick(one_thread):

@@ -166,6 +166,27 @@ def _launch(args, timeout=300):
     )
 
 
+THREADS = (
+    "import os, torch; print('threads', os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())"
+)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "1 1"), ("2", "2 2")])
+def test_each_rank_gets_one_thread_unless_omp_num_threads_is_set(tmp_path, given, expected):
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    env = _env()
+    env.pop("OMP_NUM_THREADS", None)
+    if given is not None:
+        env["OMP_NUM_THREADS"] = given
+    proc = subprocess.run(
+        [sys.executable, "-m", "functrain.launch", "-n", "1", str(script)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"[rank0]: threads {expected}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
 DIES = textwrap.dedent(
     """
     import os, signal, sys, time

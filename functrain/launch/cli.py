@@ -17,6 +17,9 @@ rank, which `fit` understands as "finish the step, checkpoint, return"; the laun
 `--stop-timeout` seconds, then ends with one line such as `functrain.launch: stopped by SIGTERM;
 all 2 ranks checkpointed at step 7 and exited.` A second Ctrl-C kills every rank at once.
 
+Threads: each rank gets `OMP_NUM_THREADS=1` unless the variable is set (then it is kept), so N
+ranks never start N times torch's default of one thread per core.
+
 Exit codes: 0 when every rank finished; the first failed rank's code (128 + N when it died of
 signal N) after a failure; 143 (128 + SIGTERM) after a stop by SIGTERM, 130 (128 + SIGINT) after
 Ctrl-C — unless the stopped ranks exited with a nonzero code of their own, which is kept.
@@ -184,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not opts.no_prefix:
         os.environ.setdefault(_PREFIX_ENV, "[rank${rank}]: ")
+    # One intra-op thread per rank unless the user chose: N ranks with torch's default (every
+    # core each) oversubscribe the machine. torchrun does this only for more than one rank, with
+    # a banner; here it is the same for any N, and the ranks inherit it.
+    own_threads = "OMP_NUM_THREADS" not in os.environ
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -202,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.restore()
         os.environ.pop(status.STATUS_ENV, None)
+        if own_threads:
+            os.environ.pop("OMP_NUM_THREADS", None)
         records = status.read_records(folder)
         shutil.rmtree(folder, ignore_errors=True)
     return _report(opts, stop, failures, records)
