@@ -26,6 +26,9 @@ The checks:
     fsdp_offload          fsdp(offload=True) on a 1-rank CUDA mesh: the state on the host (pinned)
                           after init and every step, its device memory freed, the plain run's
                           parameters (see bench/gpu_check_offload.py)
+    sync_count            synchronising CUDA calls (torch.cuda.set_sync_debug_mode) in fit's
+                          steps between log boundaries: on one rank, and per rank under NCCL
+                          with the DDP and FSDP plans on 2+ GPUs (see bench/gpu_check_sync.py)
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ if ROOT not in sys.path:
 
 from bench.common import markdown_table  # noqa: E402
 from bench.gpu_check_offload import check_fsdp_offload  # noqa: E402
+from bench.gpu_check_sync import check_sync_count  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -451,6 +455,8 @@ CHECKS: list[Check] = [
           check_activation_memory),
     Check("fsdp_offload", "fsdp(offload=True): state pinned on the host, device memory freed",
           check_fsdp_offload),
+    Check("sync_count", "fit's syncs between log boundaries: one rank, NCCL DDP/FSDP per rank",
+          check_sync_count),
 ]  # fmt: skip
 
 

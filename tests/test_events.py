@@ -16,12 +16,11 @@ from functrain.loop.events import (
     Context,
     Event,
     callback_name,
-    decode_state,
     dispatch,
-    encode_state,
     scalar_metrics,
     unique_names,
 )
+from functrain.loop.saved_state import decode_state, encode_state
 
 
 def fake_step(state, batch):

@@ -19,6 +19,9 @@ Every rank starts and reads the same agreements at the same boundaries, since wh
 depends only on batch numbers and the agreed clock; a stop therefore falls on the same step on
 every rank, one agreement after the signal or `ctx.request_stop`.
 
+`Boundaries` is what `fit` asks: the decision of a boundary at once on one process, or the
+result of the agreement in flight, if any, on several.
+
 Example:
     >>> agreement = Agreement(start_batch=0)
     >>> agreement.start(0, StopKind.NONE, elapsed_sec=0.0)   # at FIT_START
@@ -29,13 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time as wallclock
 from typing import Any
 
 import torch
 
-from .preemption import Boundary, StopKind
+from .preemption import Boundary, StopKind, StopSignals, agree
 
-__all__ = ["Agreement", "several_ranks"]
+__all__ = ["Agreement", "Boundaries", "several_ranks"]
 
 # How often, in seconds of the agreed clock, the ranks agree at most once the period has grown:
 # a SIGTERM's grace period (30 s under SLURM and Kubernetes by default) must also fit a checkpoint.
@@ -148,3 +152,81 @@ class Agreement:
         self._period = max(1, period)
         self._last = (batch, elapsed)
         self.next_start = batch + self._period
+
+
+class Boundaries:
+    """The decisions of `fit`'s step boundaries: at once on one process, through `Agreement`s
+    (read one boundary after they start) on several ranks.
+
+    Args:
+        signals: the run's `StopSignals`.
+        ctx: the run's `Context` (a callback's `request_stop` sets its `stop_reason`).
+    Attributes:
+        synced_batch: the batch of the latest log, evaluation or checkpoint (set by the loop);
+            an agreement starts after it, as the device was read there anyway.
+    Example:
+        >>> boundaries = Boundaries(signals, ctx)
+        >>> boundaries.begin(batch=0)          # FIT_START: one process decides now
+        Boundary(stop=<StopKind.NONE: 0>, elapsed_sec=0.0)
+    """
+
+    def __init__(self, signals: StopSignals, ctx: Any):
+        self.signals, self.ctx = signals, ctx
+        self.agreement: Agreement | None = None
+        self.synced_batch = -1
+        self.start_clock(0.0)
+
+    def start_clock(self, elapsed_sec: float) -> None:
+        """This rank's clock reads `elapsed_sec` now (the run's clock when `fit` starts)."""
+        self._elapsed0, self._t0 = elapsed_sec, wallclock.monotonic()
+
+    def clock(self) -> float:
+        """This rank's own clock of the run (the agreed one is the timestamp's `elapsed_sec`)."""
+        return self._elapsed0 + (wallclock.monotonic() - self._t0)
+
+    def pending(self) -> StopKind:
+        """What this rank would stop for: its signal, or a callback's `request_stop`."""
+        requested = StopKind.CALLBACK if self.ctx.stop_reason is not None else StopKind.NONE
+        return max(self.signals.pending, requested)
+
+    def begin(self, batch: int) -> Boundary | None:
+        """FIT_START: one process decides now; several ranks start the first agreement."""
+        if not several_ranks():
+            return self.now(batch)
+        self.agreement = Agreement(batch)
+        self.after(batch)
+        return None
+
+    def at(self, batch: int) -> Boundary | None:
+        """A step boundary's decision, or None when nothing is decided here (several ranks with
+        no agreement in flight: the previous decision holds)."""
+        if self.agreement is None:
+            return self.now(batch)
+        return self.agreement.finish() if self.agreement.in_flight else None
+
+    def after(self, batch: int) -> None:
+        """After a boundary's decisions: on several ranks, start an agreement when the cadence
+        says so, or after a log, an evaluation or a checkpoint at this boundary."""
+        agreement = self.agreement
+        if agreement is None or agreement.in_flight:
+            return
+        if agreement.due(batch) or self.synced_batch == batch:
+            agreement.start(batch, self.pending(), self.clock())
+
+    def now(self, batch: int) -> Boundary:
+        """The decision of this boundary with every rank, waiting for it (an epoch end)."""
+        if self.agreement is None:
+            return agree(self.pending(), None, self.clock())
+        self.agreement.drop()
+        self.agreement.start(batch, self.pending(), self.clock())
+        return self.agreement.finish()
+
+    def end(self) -> None:
+        """Training ended: wait for an agreement in flight (nothing is left to decide)."""
+        if self.agreement is not None:
+            self.agreement.drop()
+
+    @property
+    def several(self) -> bool:
+        """True when the decisions are agreements of several ranks."""
+        return self.agreement is not None

@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optree
@@ -32,7 +32,14 @@ from ..step.batching import num_samples
 from ..tree import NAMESPACE, fast_replace, register_dataclass
 from ..units import Timestamp
 
-__all__ = ["FitState", "advance", "map_train_states", "share_horizon"]
+__all__ = [
+    "FitState",
+    "advance",
+    "call_step",
+    "check_step_output",
+    "map_train_states",
+    "share_horizon",
+]
 
 
 @register_dataclass
@@ -117,3 +124,44 @@ def share_horizon(run: FitState) -> FitState:
         return inner.replace(timestamp=inner.timestamp.replace(**horizon))
 
     return run.replace(states=map_train_states(with_horizon, run.states))
+
+
+def call_step(step: Any, state: Any, batch: Any, multi: bool, world_size: int) -> tuple[Any, Any]:
+    """One call of the user's step on `fit`'s state.
+
+    Args:
+        step: the step, `(state, batch) -> (state, metrics)`.
+        state: a `TrainState` (the step advances it), or a `FitState` when `multi`.
+        batch: the batch.
+        multi: the state is a `FitState`: the step takes its pytree, the loop advances it.
+        world_size: the data-parallel ranks (a batch counts their samples).
+    Returns:
+        `(new state, metrics)`, checked by `check_step_output`.
+    Example:
+        >>> state, metrics = call_step(step, state, batch, multi=False, world_size=1)
+    """
+    if not multi:
+        return step(state, batch)
+    states, metrics = step(state.states, batch)
+    if not isinstance(metrics, Mapping):
+        return states, metrics  # refused by check_step_output
+    return advance(state, states, metrics, batch, world_size), metrics
+
+
+def check_step_output(state: Any, metrics: Any, multi: bool) -> None:
+    """Refuse what a step returned when it is not `(state, metrics)`, saying what a step returns.
+
+    Raises:
+        TypeError: the metrics are not a mapping, or one `TrainState` came back as another type.
+    """
+    if not isinstance(metrics, Mapping):
+        raise TypeError(
+            f"the step returned {type(metrics).__name__} as its metrics; a step returns "
+            "(state, metrics) with metrics a dict such as {'loss': loss}"
+        )
+    if not multi and not isinstance(state, TrainState):
+        raise TypeError(
+            f"the step returned a {type(state).__name__} for a TrainState; a step returns "
+            "(new_state, metrics). For a step over several states pass them as a pytree "
+            "({'g': ..., 'd': ...}) to fit"
+        )

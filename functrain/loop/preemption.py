@@ -9,7 +9,7 @@ moment later on one rank -- so all ranks stop at the same step and enter the fin
 collectives together. A second Ctrl-C aborts at once (KeyboardInterrupt).
 
 The callbacks' `state_dict()` and the data loader's position are saved as JSON strings in the
-state's `extra` (see `events.encode_state`), so `fit(..., autoresume=True)` continues
+state's `extra` (see `saved_state.encode_state`), so `fit(..., autoresume=True)` continues
 bit-identically from the newest checkpoint.
 
 Example:
@@ -36,7 +36,7 @@ import torch
 
 from ..checkpoint import CheckpointMismatchError
 from ..data import DataSource
-from .events import decode_state, encode_state
+from .saved_state import decode_state, encode_state
 
 if TYPE_CHECKING:  # the checkpoint machinery (tensorstore) is imported by a run that checkpoints
     from ..checkpoint import Manager
@@ -54,7 +54,7 @@ __all__ = [
     "with_loop_extra",
 ]
 
-# Where fit keeps its own entries in the state's `extra` (JSON strings, see events.encode_state).
+# Where fit keeps its own entries in the state's `extra` (JSON strings, see saved_state.encode_state).
 CALLBACKS_KEY = "callbacks"
 DATA_KEY = "data"
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-import time as wallclock
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ..data import DataSource, place
+from ..data import DataSource
 from ..loggers import JSONLLogger, ProgressBar
 from ..rng import RngState, seed_for
 from ..state import TrainState
@@ -29,10 +28,11 @@ from ..step.batching import to_device
 from ..step.protocol import as_step
 from ..units import Timestamp, TimeUnit
 from . import report
-from .agreement import Agreement, several_ranks
-from .evaluation import describe_batch, dp_info, run_eval, state_device
+from .agreement import Boundaries
+from .evaluation import describe_batch, dp_info, state_device
 from .events import Context, Event, dispatch, unique_names
-from .fit_state import FitState, advance, share_horizon
+from .fit_metrics import check_eval_sets, evaluate_sets, update_train_metrics
+from .fit_state import FitState, call_step, check_step_output, share_horizon
 from .horizon import (
     Every,
     check_fraction_intervals,
@@ -45,7 +45,6 @@ from .preemption import (
     Boundary,
     StopKind,
     StopSignals,
-    agree,
     checkpoint_manager,
     restore_latest,
     stop_reason_for,
@@ -103,10 +102,9 @@ class FitRun:
         )
         self.signals = StopSignals(rank=self.rank, quiet=not options.progress)
         self.boundary = Boundary()  # the decision of the latest step boundary
-        self.agreement: Agreement | None = None  # on several ranks, made when training starts
-        self._synced_batch = -1  # the batch of the latest log, evaluation or checkpoint
+        self.boundaries = Boundaries(self.signals, self.ctx)
         self.last_saved_batch = self.last_eval_batch = self.last_log_batch = -1
-        self._elapsed0, self._t0 = state.timestamp.elapsed_sec, wallclock.monotonic()
+        self.boundaries.start_clock(state.timestamp.elapsed_sec)
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -115,7 +113,7 @@ class FitRun:
         try:
             with self.signals:  # SIGTERM, Ctrl-C: finish the step, checkpoint, return
                 self._emit(Event.INIT)
-                self._check_eval_sets()
+                check_eval_sets(self.options.eval_sets, self.rank, self.world_size)
                 self.state = self._init_state(self.state)
                 found = self._resume() if self.options.autoresume else None
                 previous_horizon = self.timestamp.max_batches
@@ -125,14 +123,9 @@ class FitRun:
                     seed = seed_for(RngState(self.options.seed), self.state.step, "fit", self.rank)
                     torch.manual_seed(seed)
                 self._emit(Event.FIT_START)
-                if several_ranks():
-                    self.agreement = Agreement(self._batch())
-                    self._start_agreement()  # read at the first boundary
-                else:
-                    self._agree_now()
+                self._apply(self.boundaries.begin(self._batch()))
                 trained = self._train()
-                if self.agreement is not None:
-                    self.agreement.drop()  # superseded: the run's end needs no decision
+                self.boundaries.end()
                 stopped = bool(self.boundary.stop)
                 if (
                     trained
@@ -171,7 +164,8 @@ class FitRun:
                 seen += 1
                 trained = True
                 self._train_batch(batch)
-                self._boundary()  # the step boundary: every decision below follows it
+                # the step boundary: every decision below follows it
+                self._apply(self.boundaries.at(self._batch()))
                 ts = self.timestamp
                 if bool(ts.batches_per_epoch) and ts.batch_in_epoch >= ts.batches_per_epoch:
                     break  # the last batch of the epoch: _end_epoch saves and stops
@@ -180,7 +174,7 @@ class FitRun:
                 if self.boundary.stop or self._done():
                     epoch_complete = False  # the final checkpoint is written in run()
                     break
-                self._start_agreement()
+                self.boundaries.after(self._batch())
             if seen == 0 and start == 0:
                 raise ValueError(
                     f"train_data yielded no batch in epoch {epoch}: it is empty, or a one-shot "
@@ -189,9 +183,9 @@ class FitRun:
                 )
             if epoch_complete:
                 self._end_epoch()
-                if self.agreement is None or not self._done():
+                if not (self.boundaries.several and self._done()):
                     # an epoch end waits for its decision: an EarlyStopper stops here
-                    self._agree_now()
+                    self._apply(self.boundaries.now(self._batch()))
         return trained
 
     def _train_batch(self, batch: Any) -> None:
@@ -201,7 +195,7 @@ class FitRun:
         ctx.batch = batch
         self._emit(Event.BATCH_START)
         try:
-            state, metrics = self._call_step(batch)
+            state, metrics = call_step(self.step, self.state, batch, self.multi, self.world_size)
         except Exception as error:
             ts = self.timestamp
             raise StepError(
@@ -209,11 +203,11 @@ class FitRun:
                 f"{ts.batch} of the run), a {describe_batch(batch)}: {type(error).__name__}: "
                 f"{error}. Check that loss_fn(model, batch) can consume this batch."
             ) from error
-        self._check_step_output(state, metrics)
+        check_step_output(state, metrics, self.multi)
         self.state = state
         self._estimate_horizon()
         ctx.metrics = metrics
-        self._update_train_metrics(metrics, batch)
+        update_train_metrics(self.options, metrics, batch)
         ts = self.timestamp
         if self.log_every.at_batch_end(ts):
             self._log_train(metrics, ts.batch)
@@ -222,52 +216,13 @@ class FitRun:
         if not last_of_epoch and not self.eval_every.by_epoch and self.eval_every.at_batch_end(ts):
             self._evaluate()
 
-    def _call_step(self, batch: Any) -> tuple[Any, dict]:
-        if not self.multi:
-            return self.step(self.state, batch)
-        # A step over a pytree of states: the loop advances its own position.
-        states, metrics = self.step(self.state.states, batch)
-        if not isinstance(metrics, Mapping):
-            return states, metrics  # refused by _check_step_output
-        return advance(self.state, states, metrics, batch, self.world_size), metrics
-
-    def _check_step_output(self, state: Any, metrics: Any) -> None:
-        if not isinstance(metrics, Mapping):
-            raise TypeError(
-                f"the step returned {type(metrics).__name__} as its metrics; a step returns "
-                "(state, metrics) with metrics a dict such as {'loss': loss}"
-            )
-        if not self.multi and not isinstance(state, TrainState):
-            raise TypeError(
-                f"the step returned a {type(state).__name__} for a TrainState; a step returns "
-                "(new_state, metrics). For a step over several states pass them as a pytree "
-                "({'g': ..., 'd': ...}) to fit"
-            )
-
     def _log_train(self, metrics: Mapping[str, Any], batch: int) -> None:
         shown = {k: v for k, v in metrics.items() if k not in _NOT_LOGGED}
         for name, metric in self.options.train_metrics.items():
             shown[name] = metric.compute()  # collective under several ranks: all ranks log
             metric.reset()
         self.ctx.log({f"train/{k}": v for k, v in shown.items()}, step=batch)
-        self.last_log_batch = self._synced_batch = batch
-
-    def _update_train_metrics(self, metrics: Mapping[str, Any], batch: Any) -> None:
-        if not self.options.train_metrics:
-            return
-        outputs = metrics.get("outputs")
-        if outputs is None:
-            raise ValueError(
-                "fit(train_metrics=...) computes the metrics from the step's outputs, but the "
-                f"step's metrics have none (keys: {sorted(metrics)}); return them from loss_fn: "
-                "`return loss, {'outputs': logits}` (and 'targets' when the batch's "
-                "target_key does not hold them)"
-            )
-        targets = metrics.get("targets")
-        if targets is None:
-            targets = _batch_item(batch, self.options.target_key)
-        for metric in self.options.train_metrics.values():
-            metric.update(outputs, targets)
+        self.last_log_batch = self.boundaries.synced_batch = batch
 
     def _end_epoch(self) -> None:
         before = self.timestamp
@@ -296,42 +251,10 @@ class FitRun:
 
     # -- the agreed step boundary --------------------------------------------------------------
 
-    def _clock(self) -> float:
-        """This rank's own clock of the run (the agreed one is `timestamp.elapsed_sec`)."""
-        return self._elapsed0 + (wallclock.monotonic() - self._t0)
-
-    def _pending(self) -> StopKind:
-        """What this rank would stop for: its signal, or a callback's `request_stop`."""
-        requested = StopKind.CALLBACK if self.ctx.stop_reason is not None else StopKind.NONE
-        return max(self.signals.pending, requested)
-
-    def _boundary(self) -> None:
-        """A step boundary: one process decides now; several ranks read the agreement started
-        at an earlier boundary, if one is in flight (else nothing changes here)."""
-        if self.agreement is None:
-            self._agree_now()
-        elif self.agreement.in_flight:
-            self._apply(self.agreement.finish())
-
-    def _start_agreement(self) -> None:
-        """On several ranks, start an agreement when the cadence says so, or after a log, an
-        evaluation or a checkpoint at this boundary (which read the device anyway)."""
-        agreement, batch = self.agreement, self._batch()
-        if agreement is None or agreement.in_flight:
+    def _apply(self, boundary: Boundary | None) -> None:
+        """Follow a boundary's decision (None: nothing was decided there)."""
+        if boundary is None:
             return
-        if agreement.due(batch) or self._synced_batch == batch:
-            agreement.start(batch, self._pending(), self._clock())
-
-    def _agree_now(self) -> None:
-        """Take this boundary's decision with every rank now (stop or not, the run's clock)."""
-        if self.agreement is None:
-            self._apply(agree(self._pending(), None, self._clock()))
-            return
-        self.agreement.drop()
-        self.agreement.start(self._batch(), self._pending(), self._clock())
-        self._apply(self.agreement.finish())
-
-    def _apply(self, boundary: Boundary) -> None:
         self.boundary = boundary
         if boundary.stop is not StopKind.NONE:
             pending = self.signals.pending
@@ -369,9 +292,9 @@ class FitRun:
         self._set_timestamp(ts.replace(batches_per_epoch=bpe, max_batches=max_batches))
         if self.multi:
             self.state = share_horizon(self.state)
-        self._elapsed0, self._t0 = self.timestamp.elapsed_sec, wallclock.monotonic()
+        self.boundaries.start_clock(self.timestamp.elapsed_sec)
         for every in (self.eval_every, self.log_every):
-            every.start(self._elapsed0)
+            every.start(self.timestamp.elapsed_sec)
         check_fraction_intervals(
             self.options.duration,
             max_batches,
@@ -397,47 +320,22 @@ class FitRun:
 
     # -- evaluation, checkpoints, resume -----------------------------------------------------
 
-    def _check_eval_sets(self) -> None:
-        """An evaluation set with a length of 0 on every rank fails now, not after training."""
-        for name, data in self.options.eval_sets.items():
-            try:
-                count = len(place(data, self.rank, self.world_size))  # this rank's part
-            except TypeError:
-                continue  # unsized: checked when evaluated
-            _no_eval_batches(name, _sum_over_ranks(count))
-
     def _evaluate(self) -> None:
-        ctx = self.ctx
-        results: dict[str, float] = {}
         state = self._step_state()
         if self.options.eval_state_fn is not None:
             state = self.options.eval_state_fn(state)
-        for name, data in self.options.eval_sets.items():
-            counted = _Counted(place(data, self.rank, self.world_size))  # this rank's part
-            values = run_eval(
-                self.step,
-                state,
-                counted,
-                metrics=self.options.eval_metrics,
-                eval_fn=self.options.eval_fn,
-                emit=self._emit,
-                ctx=ctx,
-                device=self.device,
-                input_key=self.options.input_key,
-                target_key=self.options.target_key,
-            )
-            _no_eval_batches(name, _sum_over_ranks(counted.count))
-            results.update({(k if name is None else f"{name}/{k}"): v for k, v in values.items()})
-            ctx.eval_metrics = dict(results)
-        ctx.log({f"eval/{k}": v for k, v in results.items()}, step=self._batch())
-        self.last_eval_batch = self._synced_batch = self._batch()
+        where = (self.rank, self.world_size, self.device)
+        results = evaluate_sets(self.step, state, self.options, where, self._emit, self.ctx)
+        self.ctx.log({f"eval/{k}": v for k, v in results.items()}, step=self._batch())
+        self.last_eval_batch = self.boundaries.synced_batch = self._batch()
 
     def _checkpoint(self) -> None:
         if self.checkpoints is None or self.last_saved_batch == self._batch():
             return
         self.state = with_loop_extra(self.state, self.names, self.callbacks, self.source)
-        path = self.checkpoints.save(self.state)
-        self.last_saved_batch = self._synced_batch = self._batch()
+        metrics = {f"eval/{k}": v for k, v in self.ctx.eval_metrics.items()}  # for keep_best
+        path = self.checkpoints.save(self.state, metrics=metrics)
+        self.last_saved_batch = self.boundaries.synced_batch = self._batch()
         self.ctx.checkpoint_path = path
         self._emit(Event.CHECKPOINT)
 
@@ -497,47 +395,3 @@ class FitRun:
 
     def _emit(self, event: Event) -> None:
         dispatch(event, self.callbacks, self.ctx)
-
-
-class _Counted:
-    """An iterable that counts the batches it yields (to refuse an evaluation of none)."""
-
-    def __init__(self, data: Any):
-        self.data, self.count = data, 0
-
-    def __iter__(self):
-        for batch in self.data:
-            self.count += 1
-            yield batch
-
-
-def _sum_over_ranks(count: int) -> int:
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return count
-    total = torch.tensor([count], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        total = total.cuda()
-    dist.all_reduce(total)
-    return int(total.item())
-
-
-def _no_eval_batches(name: str | None, total: int) -> None:
-    if total == 0:
-        which = "eval_data" if name is None else f"eval_data[{name!r}]"
-        raise ValueError(
-            f"{which} yields no batch (on any rank), so its metrics would be NaN: check the "
-            "evaluation set's length, and that a Loader used for it has drop_last=False when "
-            "the set is smaller than one batch"
-        )
-
-
-def _batch_item(batch: Any, key: Any) -> Any:
-    try:
-        return batch[key]
-    except (KeyError, IndexError, TypeError) as error:
-        raise ValueError(
-            f"cannot take the targets from a batch that is a {describe_batch(batch)} with key "
-            f"{key!r} ({type(error).__name__}: {error}); pass fit(target_key=...), or return "
-            "them from loss_fn under 'targets'"
-        ) from None
