@@ -276,7 +276,50 @@ def _pieces(tensors: list[Any]) -> list[torch.Tensor] | None:
     for t in tensors:
         if t.dtype != dtype or t.device != device:
             return None
+    # The kernels walk each tensor's memory as one flat array, so a parameter and its moments
+    # must be dense and laid out alike (the gradient, tensors[1], is checked on every call).
+    param = tensors[0]
+    if not dense(param) or not all(same_layout(t, param) for t in tensors[2:]):
+        return None
     return tensors
+
+
+def dense(t: torch.Tensor) -> bool:
+    """True when `t`'s elements fill its memory exactly once, in some order of its dimensions
+    (contiguous, channels-last, a transposed contiguous tensor; not a slice with a step)."""
+    expected = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when `a` and `b` (of one shape) have the same strides, except on dimensions of size
+    1, where a stride says nothing."""
+    return all(x == y or n == 1 for x, y, n in zip(a.stride(), b.stride(), a.shape))
+
+
+def _grads_laid_out_like_params(groups: dict) -> None:
+    """Give each group's gradient column its parameter's memory layout, copying where they
+    differ.
+
+    Why: the kernels index a gradient's memory as if it were laid out like its parameter. A
+    gradient that is not (`torch.bmm(x, w.transpose(1, 2))` gives a 3-D weight a transposed
+    one) would silently get wrong updates, so it is copied; the gradients are the executor's to
+    overwrite. A gradient of another dtype or device has no fused form.
+
+    Raises:
+        NotFusable: a gradient's dtype or device differs from its parameter's.
+    """
+    for columns in groups.values():
+        params, grads = columns[0], columns[1]
+        for i, (param, grad) in enumerate(zip(params, grads)):
+            if grad.dtype != param.dtype or grad.device != param.device:
+                raise NotFusable("a gradient of another dtype or device than its parameter")
+            if not same_layout(grad, param):
+                grads[i] = torch.empty_like(param).copy_(grad)
 
 
 def _moment_trees(recipe: _Recipe) -> list[Any]:
@@ -337,6 +380,7 @@ def _prepare(
         if cache is not None:
             cache.store(params, moments, names, decision, layout)
     groups = {key: _columns(group, [params, *trees], local) for key, group, local in layout}
+    _grads_laid_out_like_params(groups)
     if wrap is not None:
         inner_rebuild = rebuild
 

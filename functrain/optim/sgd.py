@@ -63,7 +63,11 @@ def trace(decay: float, nesterov: bool = False, dampening: float = 0.0) -> Trans
         buf = leaves_matching(state.momentum, spec, "trace: the momentum buffers")
         if state.count == 0:
             # torch starts the buffer at the gradient itself (no dampening on the first step).
-            buf = copy_into(buf, leaves) if donate else fe("clone", leaves)
+            # Copied into the buffer's own layout, not the gradient's: a transposed gradient
+            # must not make the state non-contiguous (the fused kernels need it laid out like
+            # its parameter).
+            fresh = buf if donate else [torch.empty_like(b) for b in buf]
+            buf = copy_into(fresh, leaves)
         else:
             buf = fe("mul", buf, decay, inplace=donate)
             fe("add", buf, leaves, alpha=1.0 - dampening, inplace=True)

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import functrain
 from functrain import optim, schedules
+from functrain.optim import fused
 from functrain.tree import tree_allclose, tree_clone, tree_flatten
 from functrain.units import Timestamp
 
@@ -507,3 +508,122 @@ def test_a_coupled_decay_after_the_learning_rate_is_not_fused():
         optim.add_decayed_weights(0.01), optim.scale_by_adam(), optim.scale_by_learning_rate(0.1)
     )
     assert optim.fused_plan(early, params) is not None
+
+
+# -- any memory layout: never a wrong update (issue 28) ----------------------------------------
+
+
+@st.composite
+def layouts(draw, ndim):
+    """`(permutation, stepped)`: a tensor's dimensions ordered in memory by `permutation`, and,
+    when `stepped`, every other element of a larger buffer (not dense)."""
+    return draw(st.permutations(range(ndim))), draw(st.booleans())
+
+
+def laid_out(t, layout):
+    """`t`'s values in the memory layout `layout` (see `layouts`)."""
+    order, stepped = layout
+    base = t.permute(*order).contiguous()
+    if stepped:  # the values at even positions of a buffer twice as long in its last dim
+        base = torch.stack([base, torch.full_like(base, float("nan"))], dim=-1)[..., 0]
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return base.permute(*inverse)
+
+
+SHAPES = st.tuples(st.integers(1, 4), st.integers(2, 4), st.integers(2, 5))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    opt=compositions(),
+    shape=SHAPES,
+    param_layout=layouts(3),
+    grad_layouts=st.lists(layouts(3), min_size=3, max_size=3),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_fused_equals_foreach_for_any_gradient_layout(opt, shape, param_layout, grad_layouts, seed):
+    """Issue 28: a non-contiguous gradient (`torch.bmm(x, w.transpose(1, 2))` gives a 3-D weight
+    one) reached the kernels, which read it as if laid out like its parameter: wrong updates,
+    silently. Any gradient layout is now copied into the parameter's; a parameter that is not
+    dense has no fused form (the transforms' own update runs)."""
+    gen = torch.Generator().manual_seed(seed)
+    values = {"2.weight": torch.randn(shape, generator=gen), "2.bias": torch.randn(shape[-1])}
+
+    def make_params():  # (a clone would make a stepped tensor contiguous)
+        weight = laid_out(values["2.weight"], param_layout)
+        return {"2.weight": weight, "2.bias": values["2.bias"].clone()}
+
+    ref_params, fused_params = make_params(), make_params()
+    ref_state, fused_state = opt.init(ref_params), opt.init(fused_params)
+    for i, layout in enumerate(grad_layouts):
+        grad_values = {k: 3 * torch.randn(v.shape, generator=gen) for k, v in values.items()}
+        grads = {
+            "2.weight": laid_out(grad_values["2.weight"], layout),
+            "2.bias": grad_values["2.bias"],
+        }
+        time = Timestamp(batch=i)
+        updates, ref_state = opt.update(tree_clone(grads), ref_state, ref_params, time=time)
+        ref_params = optim.apply_updates(ref_params, updates)
+        before = tree_clone((fused_params, fused_state))
+        dense = fused.dense(fused_params["2.weight"])  # (an update may make it dense)
+        new_state = optim.fused_update(opt, grads, fused_state, fused_params, time=time)
+        assert (new_state is not None) == dense, optim.why_not_fused(opt, fused_params)
+        if new_state is None:  # declined, having touched nothing: the step's fallback
+            assert tree_allclose((fused_params, fused_state), before, atol=0)
+            updates, new_state = opt.update(grads, fused_state, fused_params, time=time)
+            fused_params = optim.apply_updates(fused_params, updates)
+        fused_state = new_state
+    assert tree_allclose(fused_params, ref_params, atol=1e-5, rtol=1e-5)
+    assert tree_allclose(fused_state, ref_state, atol=1e-5, rtol=1e-5)
+
+
+class BatchedLinear(torch.nn.Module):
+    """Four linear maps in one 3-D weight, applied as `bmm(x, w^T)`: its gradient is transposed."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 3, 5) / 5**0.5)
+
+    def forward(self, x):
+        return torch.bmm(x, self.weight.transpose(1, 2)).sum(0)
+
+
+def bmm_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def bmm_grad(weight, batch):
+    """The gradient of `bmm_loss` for the weight `weight`: transposed in memory."""
+    w = weight.detach().clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(
+        bmm_loss(lambda x: torch.bmm(x, w.transpose(1, 2)).sum(0), batch), w
+    )
+    return grad
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["pure", "donated"])
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_the_step_updates_a_bmm_weight_as_the_transforms_do(name, donate):
+    """The case issue 28 found, end to end: the step's fused update of a weight whose gradient
+    is not contiguous equals the transforms' own `update`."""
+    make, _ = DOCUMENTED[name]
+    torch.manual_seed(0)
+    # at index 2, so that "masked(adamw)" (which trains the names "2.*") trains it
+    model = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Identity(), BatchedLinear())
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 6, 5, generator=gen), torch.randint(0, 3, (6,), generator=gen))] * 3
+    assert not bmm_grad(model[2].weight, data[0]).is_contiguous()
+    opt = make()
+    step = functrain.make_step(model, bmm_loss, opt, donate=donate)
+    state = functrain.init(model, opt, seed=0)
+    ref_params = {"2.weight": model[2].weight.detach().clone()}
+    ref_state = opt.init(ref_params)
+    for batch in data:
+        time = state.timestamp
+        state, _ = step(state, batch)
+        grads = {"2.weight": bmm_grad(ref_params["2.weight"], batch)}
+        updates, ref_state = opt.update(grads, ref_state, ref_params, time=time)
+        ref_params = optim.apply_updates(ref_params, updates)
+    assert not torch.equal(ref_params["2.weight"], model[2].weight)  # it trained
+    assert torch.allclose(state.params["2.weight"], ref_params["2.weight"], atol=1e-5, rtol=1e-5)
