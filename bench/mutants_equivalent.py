@@ -100,10 +100,10 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "to see which kernels would run: at batch 0 the elapsed fraction is 0 whatever the "
         "horizon (1 or 2 batches), so every schedule gives its start value and the plan is the same"
     ),
-    # ---- functional/, fourth round: augmentation and data (room fnA) ----
+    # ---- functional/, fourth round: augmentation and data ----
     #
     #
-    ("functrain/functional/batch.py", 117, "core/ReplaceComparisonOperator_Gt_NotEq"): (
+    ("functrain/data.py", 56, "core/ReplaceComparisonOperator_Gt_NotEq"): (
         "`x.dim() != 0` for `x.dim() > 0`: a tensor's number of dimensions is never negative"
     ),
     ("functrain/functional/augmentation_chains.py", 47, "core/ReplaceComparisonOperator_Eq_LtE"): (
@@ -173,7 +173,7 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "class column that nothing is scattered into (indices go to 0..num_classes) and that "
         "`narrow(dim, 0, num_classes)` drops with the first: one more column, the same result"
     ),
-    # ---- functional/, fourth round: surgery and layers (room fnB) ----
+    # ---- functional/, fourth round: surgery and layers ----
     ("functrain/functional/blurpool.py", 54, "core/ReplaceUnaryOperator_Delete_USub"): (
         "`filter.shape[2:]` for `filter.shape[-2:]`: the check just above refuses every filter "
         "that is not 4-D, and the last two sizes of a 4-D shape are its sizes from index 2"
@@ -251,7 +251,7 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "`__eq__`), so `==` is `is`"
     ),
     #
-    # ---- functional/, fourth round: sequence models and training (room fnC) ----
+    # ---- functional/, fourth round: sequence models and training ----
     #
     #
     ("functrain/functional/gradient_clipping.py", 82, "core/ReplaceFalseWithTrue"): (

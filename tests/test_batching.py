@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain.step.batching import num_samples, split_batch
+from functrain.data import num_samples
+from functrain.step.batching import split_batch
 
 
 @settings(max_examples=30, deadline=None)

@@ -29,12 +29,8 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("the step and its transforms", frozenset({"step", "algorithms", "recipes"})),
     ("the math", frozenset({"optim", "schedules", "functional", "models"})),
     ("placement and storage", frozenset({"parallel", "checkpoint", "state", "export"})),
-    (
-        "values",
-        frozenset(
-            {"tree", "units", "rng", "data", "metrics", "datasets", "streaming", "_lazy", "_torch"}
-        ),
-    ),
+    ("values", frozenset({"units", "rng", "data", "metrics", "datasets", "streaming"})),
+    ("foundations", frozenset({"tree", "_lazy", "_torch"})),
 ]
 
 # Imports allowed between parts of one layer: (importer, imported).
@@ -53,7 +49,6 @@ SAME_LAYER: frozenset[tuple[str, str]] = frozenset({
     ("state", "parallel"),  # `init` places the parameters on a mesh
     ("export", "checkpoint"),  # exports a checkpoint's weights
     ("data", "rng"),
-    ("units", "tree"),
 })  # fmt: skip
 
 # What the algorithms (and recipes) may take from the step: its records, never its machinery.

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..functional.batch import get_item, num_rows, take
+from ..data import num_samples
+from ..functional.batch import get_item, take
 from ..functional.selective_backprop import (
     per_example_losses,
     select_indices_using_loss,
@@ -102,7 +103,7 @@ def selective_backprop(
             selected = select_indices_using_loss(
                 losses, keep, generator=step_generator(state, "selective_backprop")
             )
-            if num_rows(batch) != inputs.shape[0]:
+            if num_samples(batch) != inputs.shape[0]:
                 raise ValueError("the batch's tensors do not share the inputs' batch dimension")
             return take(batch, selected)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..data import num_samples
 from ..tree import tree_map
 
 BatchKey = int | str | tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]
@@ -105,25 +106,6 @@ def set_item(batch: Any, key: BatchKey, value: Any) -> Any:
     return type(batch)(items)
 
 
-def num_rows(value: Any) -> int:
-    """The leading (sample) dimension of the first tensor in `value` (a tensor or a pytree)."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0:
-            raise ValueError("expected a tensor with a batch dimension, got a 0-d tensor")
-        return int(value.shape[0])
-    found: list[int] = []
-
-    def visit(x):
-        if isinstance(x, torch.Tensor) and x.dim() > 0 and not found:
-            found.append(int(x.shape[0]))
-        return x
-
-    tree_map(visit, value)
-    if not found:
-        raise ValueError(f"expected tensors with a batch dimension, got {type(value).__name__}")
-    return found[0]
-
-
 def take(value: Any, indices: torch.Tensor) -> Any:
     """Index every tensor leaf of `value` whose leading dimension is the batch's with `indices`.
 
@@ -134,7 +116,7 @@ def take(value: Any, indices: torch.Tensor) -> Any:
         >>> take((torch.tensor([10, 20, 30]), 0.5), torch.tensor([2, 0]))
         (tensor([30, 10]), 0.5)
     """
-    rows = num_rows(value)
+    rows = num_samples(value)
 
     def index(x):
         if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == rows:

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from .batch import num_rows, take
+from ..data import num_samples
+from .batch import take
 from .sampling import beta, randint, require_generator
 
 BBox = tuple[int, int, int, int]
@@ -146,8 +147,8 @@ def cutmix_batch(
         raise ValueError(
             f"indices must be a permutation of {n} samples, got shape {tuple(indices.shape)}"
         )
-    if num_rows(target) != n:
-        raise ValueError(f"input has {n} samples but target has {num_rows(target)}")
+    if num_samples(target) != n:
+        raise ValueError(f"input has {n} samples but target has {num_samples(target)}")
     size_w, size_h = input.shape[2], input.shape[3]
     if bbox is None:
         if length is None:

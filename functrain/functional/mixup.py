@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from .batch import num_rows, take
+from ..data import num_samples
+from .batch import take
 from .sampling import beta, require_generator
 
 
@@ -80,8 +81,8 @@ def mixup_batch(
         raise ValueError(
             f"indices must be a permutation of {n} samples, got shape {tuple(indices.shape)}"
         )
-    if num_rows(target) != n:
-        raise ValueError(f"input has {n} samples but target has {num_rows(target)}")
+    if num_samples(target) != n:
+        raise ValueError(f"input has {n} samples but target has {num_samples(target)}")
     indices = indices.to(input.device)
     input_mixed = (1 - mixing) * input + mixing * input[indices]
     return input_mixed, take(target, indices), mixing

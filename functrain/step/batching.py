@@ -15,22 +15,8 @@ from typing import Any
 
 import torch
 
-from ..tree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-
-
-def num_samples(batch: Any) -> int:
-    """The leading dimension of the batch's first tensor leaf.
-
-    Raises:
-        ValueError: when the batch has no tensor leaf (the loss could not consume it).
-    """
-    for leaf in tree_leaves(batch):
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
-            return int(leaf.shape[0])
-    raise ValueError(
-        "the batch has no tensor with a batch dimension; a batch must be a tensor or a "
-        f"tuple/dict of tensors sharing their first dimension, got {type(batch).__name__}"
-    )
+from ..data import num_samples  # the one count of a batch's samples
+from ..tree import tree_flatten, tree_map, tree_unflatten
 
 
 def split_batch(batch: Any, microbatch_size: int) -> list[Any]:

@@ -5,7 +5,8 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from functrain.functional.batch import get_item, num_rows, set_item, take
+from functrain.data import num_samples
+from functrain.functional.batch import get_item, set_item, take
 
 
 class Pair(NamedTuple):
@@ -55,9 +56,9 @@ def test_take_indexes_every_batch_sized_leaf_and_carries_the_rest():
     assert torch.equal(out["a"], torch.tensor([3, 1]))
     assert torch.equal(out["b"][0], torch.tensor([[6, 7], [2, 3]]))
     assert out["b"][1] == 0.5 and torch.equal(out["c"], torch.arange(3))
-    assert num_rows(tree) == 4
+    assert num_samples(tree) == 4
     with pytest.raises(ValueError, match="batch dimension"):
-        num_rows(torch.tensor(1.0))
+        num_samples(torch.tensor(1.0))
 
 
 @pytest.mark.parametrize("key", [2, -3])
@@ -70,12 +71,12 @@ def test_a_key_one_past_either_end_gets_the_batch_message_not_pythons(key):
     assert get_item((1, 2), key + (-1 if key > 0 else 1)) == (2 if key > 0 else 1)
 
 
-def test_num_rows_skips_leading_scalars_and_0d_tensors():
-    assert num_rows((0.5, torch.arange(3))) == 3
-    assert num_rows({"a": torch.tensor(1.0), "b": torch.zeros(5, 2)}) == 5
-    assert num_rows([torch.zeros(2, 3), torch.zeros(7)]) == 2  # the first batched tensor wins
+def test_num_samples_skips_leading_scalars_and_0d_tensors():
+    assert num_samples((0.5, torch.arange(3))) == 3
+    assert num_samples({"a": torch.tensor(1.0), "b": torch.zeros(5, 2)}) == 5
+    assert num_samples([torch.zeros(2, 3), torch.zeros(7)]) == 2  # the first batched tensor wins
     with pytest.raises(ValueError, match="batch dimension"):
-        num_rows((0.5, torch.tensor(2.0)))
+        num_samples((0.5, torch.tensor(2.0)))
 
 
 def test_a_mapping_that_cannot_be_rebuilt_from_a_dict_comes_back_as_a_plain_dict():
@@ -104,8 +105,8 @@ def test_a_mapping_that_cannot_be_rebuilt_from_a_dict_comes_back_as_a_plain_dict
     assert proxy["label"] == 2
 
 
-def test_num_rows_and_take_on_a_bare_tensor_and_0d_leaves():
-    assert num_rows(torch.zeros(5, 2)) == 5  # the leading dimension, not another
+def test_num_samples_and_take_on_a_bare_tensor_and_0d_leaves():
+    assert num_samples(torch.zeros(5, 2)) == 5  # the leading dimension, not another
     assert torch.equal(take(torch.arange(6).view(3, 2), torch.tensor([2])), torch.tensor([[4, 5]]))
     scalar = torch.tensor(2.0)
     out = take((torch.arange(3), scalar), torch.tensor([1, 1]))
