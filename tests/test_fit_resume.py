@@ -177,3 +177,35 @@ def test_fit_under_the_launcher_records_each_commit(tmp_path, monkeypatch):
         functrain.fit(step, state, loader, duration="8ba", checkpoints=manager, progress=False)
         record = json.loads((folder / "rank0.checkpoint.json").read_text())
         assert (record["step"], record["url"]) == (8, manager.latest())
+
+
+def test_fit_keeps_the_best_checkpoints_by_eval_accuracy_across_a_crash(tmp_path):
+    class Seen:  # what each checkpoint was saved with, across both runs
+        def __init__(self):
+            self.accuracy = {}
+
+        def checkpoint(self, ctx):
+            self.accuracy[ctx.timestamp.batch] = ctx.eval_metrics["accuracy"]
+
+    seen = Seen()
+    split = datasets.digits(seed=0)
+    held_out = Loader(torch.utils.data.Subset(split.test, range(64)), 32, shuffle=False)
+
+    def run(crash: bool):
+        step, state, loader = build("none")
+        manager = Manager(tmp_path, every="1ep", keep_last=1, keep_best=2,
+                          monitor="eval/accuracy", mode="max")  # fmt: skip
+        callbacks = [seen, CrashAt(8 * 3 + 2)] if crash else [seen]
+        with manager:
+            return functrain.fit(step, state, loader, duration="5ep", checkpoints=manager,
+                                 eval_data=held_out, eval_interval="1ep",
+                                 eval_metrics=["accuracy"], callbacks=callbacks,
+                                 autoresume=not crash, progress=False)  # fmt: skip
+
+    with pytest.raises(functrain.CallbackError, match="simulated crash"):
+        run(crash=True)
+    run(crash=False)
+    assert sorted(seen.accuracy) == [8, 16, 24, 32, 40]
+    ranked = sorted(seen.accuracy, key=lambda b: (seen.accuracy[b], b), reverse=True)
+    kept = {step for step, _ in functrain.checkpoint.checkpoints(tmp_path)}
+    assert kept == set(ranked[:2]) | {40}

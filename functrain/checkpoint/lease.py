@@ -41,8 +41,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 import threading
 import time
+from typing import Any
 
 from . import layout, storage
 from .errors import CheckpointLeaseError, CheckpointStorageError
@@ -55,6 +57,20 @@ DEFAULT_TTL = 30.0
 # Infinity (another host's, or a crafted one) must not make the next run wait forever.
 MAX_TTL = 3600.0
 WAIT_REPORT_S = 30.0  # while waiting out a silent owner, say so this often
+
+
+def check_ttl(ttl: Any) -> None:
+    """Refuse a lease ttl that is not a positive number of seconds up to `MAX_TTL` (or None)."""
+    if ttl is not None and not (
+        isinstance(ttl, numbers.Real)
+        and not isinstance(ttl, bool)
+        and math.isfinite(ttl)
+        and 0 < ttl <= MAX_TTL
+    ):
+        raise ValueError(
+            f"lease_ttl must be a positive number of seconds up to {MAX_TTL:g} (what another "
+            f"run waits out at most) or None, got {ttl!r}"
+        )
 
 
 def bounded_ttl(ttl: float) -> float:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _torch
 from .._lazy import is_dtensor
 from . import layout
 from .dtypes import TORCH_DTYPES, from_numpy, torch_dtype, zarr_name
@@ -42,14 +43,13 @@ def region_for(like_leaf: torch.Tensor, key: str) -> tuple[slice, ...]:
     if not is_dtensor(like_leaf):
         return ()
     from torch.distributed.tensor import Partial
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if any(isinstance(p, Partial) for p in like_leaf.placements):
         raise CheckpointMismatchError(
             f"`like` leaf {key!r} has a Partial placement, which has no single value to load into; "
             "give `like` Shard/Replicate placements"
         )
-    shape, offset = compute_local_shape_and_global_offset(
+    shape, offset = _torch.local_shape_and_offset(
         like_leaf.shape, like_leaf.device_mesh, like_leaf.placements
     )
     if not offset:  # this rank is outside the tensor's mesh

@@ -31,8 +31,6 @@ Example:
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,9 +38,17 @@ from ..units import Time, Timestamp
 from . import layout, reader, storage, writer
 from .background import BackgroundWriter
 from .errors import CheckpointError
-from .lease import DEFAULT_TTL, MAX_TTL
+from .lease import DEFAULT_TTL, check_ttl
 from .restore import restore_newest
-from .root import Root, committed, parse_keep_every, written_by
+from .root import (
+    Root,
+    check_keep_last,
+    committed,
+    finite_metrics,
+    parse_best,
+    parse_keep_every,
+    written_by,
+)
 from .schedule import SaveSchedule
 from .staging import Staged
 
@@ -78,6 +84,12 @@ class Manager:
             shared on purpose -- then nothing stops two runs from colliding).
         on_commit: functions `(step, url) -> None` called on every rank after each commit (in
             the writing thread); more can be added with `subscribe`.
+        keep_best: also keep the `keep_best` checkpoints with the best `monitor` value (Lightning's
+            `save_top_k`); the value is recorded in each checkpoint's COMMIT.json, so a resumed
+            run ranks the checkpoints of the run it resumes. `fit` records its last evaluation's
+            results ("eval/accuracy", ...) with each save; `save(metrics=...)` otherwise.
+        monitor: the metric `keep_best` ranks by, e.g. "eval/accuracy".
+        mode: "max" (higher is better) or "min".
     Example:
         >>> manager = Manager("/runs/a", every="100ba", keep_last=3, keep_every=1000)
         >>> functrain.fit(step, state, data, duration="10ep", checkpoints=manager, autoresume=True)
@@ -99,16 +111,13 @@ class Manager:
         fallback: bool = True,
         lease_ttl: float | None = DEFAULT_TTL,
         on_commit: Sequence[OnCommit] = (),
+        keep_best: int | None = None,
+        monitor: str | None = None,
+        mode: str = "max",
     ):
         loc = storage.resolve(root, storage_options)
         self.storage_options = storage_options
         self.schedule = SaveSchedule.parse(every)
-        if keep_last is not None and (
-            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
-        ):
-            raise ValueError(
-                f"keep_last must be a positive int or None (keep all), got {keep_last!r}"
-            )
         for name, flag in (
             ("async_save", async_save),
             ("init_weights_only", init_weights_only),
@@ -118,17 +127,10 @@ class Manager:
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         if isinstance(init_ignore, str):
             raise TypeError(f"init_ignore must be a list of globs, got the string {init_ignore!r}")
-        if lease_ttl is not None and not (
-            isinstance(lease_ttl, numbers.Real)
-            and not isinstance(lease_ttl, bool)
-            and math.isfinite(lease_ttl)
-            and 0 < lease_ttl <= MAX_TTL
-        ):
-            raise ValueError(
-                f"lease_ttl must be a positive number of seconds up to {MAX_TTL:g} (what another "
-                f"run waits out at most) or None, got {lease_ttl!r}"
-            )
+        check_ttl(lease_ttl)
+        check_keep_last(keep_last)
         keep_every = parse_keep_every(keep_every)
+        best = parse_best(keep_best, monitor, mode)
         self.async_save = async_save
         self.init_from = init_from
         self.init_weights_only = init_weights_only
@@ -146,6 +148,7 @@ class Manager:
             group=self._background.group,
             keep_last=keep_last,
             keep_every=keep_every,
+            best=best,
         )
         self._last_index: int | None = None  # the schedule's index of the last save or restore
         self._known: set[int] = set()  # steps this manager wrote or restored
@@ -192,7 +195,7 @@ class Manager:
 
     # -- saving -------------------------------------------------------------------------------
 
-    def save(self, state: Any, force: bool = False) -> str:
+    def save(self, state: Any, force: bool = False, *, metrics: dict | None = None) -> str:
         """Save `state` as the checkpoint of step `state.step` (asynchronously by default).
 
         The caller decides when (usually with `should_save`). A committed checkpoint of the same
@@ -202,6 +205,8 @@ class Manager:
         Args:
             state: the `TrainState` (any pytree with an int `step`).
             force: rewrite an existing checkpoint of the same step.
+            metrics: `{name: number}` recorded with the checkpoint (what `keep_best` ranks by);
+                values that are not finite numbers are left out.
         Returns:
             the checkpoint's URL (committed once `wait()` returns, for asynchronous saves).
         Raises:
@@ -228,8 +233,10 @@ class Manager:
                 "or Manager.restore), save with force=True to replace it, or give this run "
                 "another root"
             )
+        recorded = finite_metrics(metrics)
         staged = self._background.stage(state)
-        self._background.submit(lambda: self._write(staged, loc, force, step), loc.url, step)
+        job = lambda: self._write(staged, loc, force, step, recorded)  # noqa: E731
+        self._background.submit(job, loc.url, step)
         return loc.url
 
     def _mark(self, timestamp: Any) -> None:
@@ -239,7 +246,14 @@ class Manager:
             if index is not None:
                 self._last_index = max(index, self._last_index or 0)
 
-    def _write(self, staged: Staged, loc: storage.Location, overwrite: bool, step: int) -> None:
+    def _write(
+        self,
+        staged: Staged,
+        loc: storage.Location,
+        overwrite: bool,
+        step: int,
+        metrics: dict[str, float],
+    ) -> None:
         lease = self._root.lease
         writer.write(
             staged,
@@ -249,6 +263,7 @@ class Manager:
             before_write=self._root.collect_garbage,
             before_commit=None if lease is None else lease.check,
             owner=None if lease is None else lease.owner,
+            metrics=metrics,
         )
         self._known.add(step)
         if staged.rank == 0:

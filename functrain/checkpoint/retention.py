@@ -137,9 +137,36 @@ def commit_count(loc: storage.Location, field: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def commit_metric(loc: storage.Location, name: str) -> float | None:
+    """A metric COMMIT.json records (`Manager.save(metrics=...)`), or None when it has none."""
+    try:
+        data = storage.read_bytes(loc, layout.COMMIT_FILE)
+        value = layout.parse_json(data or b"", loc.url, "commit marker").get("metrics")[name]
+    except (ValueError, AttributeError, KeyError, TypeError):  # CheckpointError is a ValueError
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def best_steps(values: Mapping[int, float], keep_best: int, mode: str) -> set[int]:
+    """The `keep_best` steps with the highest (`mode="max"`) or lowest ("min") value; on a tie
+    the newer step wins.
+
+    Example:
+        >>> sorted(best_steps({1: 0.5, 2: 0.9, 3: 0.7}, 2, "max"))
+        [2, 3]
+    """
+    sign = 1.0 if mode == "max" else -1.0
+    ranked = sorted(values, key=lambda step: (sign * values[step], step), reverse=True)
+    return set(ranked[:keep_best])
+
+
 __all__ = [
+    "best_steps",
     "collect_garbage",
     "commit_count",
+    "commit_metric",
     "committed_steps",
     "delete_checkpoint",
     "retained_steps",

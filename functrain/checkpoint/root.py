@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import weakref
 from typing import Any
+
+import torch
 
 from ..units import Time
 from . import layout, retention, storage, writer
@@ -80,6 +83,8 @@ class Root:
         keep_last: how many newest checkpoints retention keeps (None: all).
         keep_every: also keep steps that are multiples of this int, or checkpoints whose
             timestamp is a multiple of this `Time`.
+        best: `(keep_best, monitor, mode)`: also keep the `keep_best` checkpoints with the best
+            `monitor` value recorded in their COMMIT.json ("max" or "min"); None: no such rule.
     """
 
     def __init__(
@@ -91,10 +96,11 @@ class Root:
         group=None,
         keep_last: int | None = None,
         keep_every: int | Time | None = None,
+        best: tuple[int, str, str] | None = None,
     ):
         self.loc = loc
         self.rank, self.group = rank, group
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self.keep_last, self.keep_every, self.best = keep_last, keep_every, best
         self.lease = Lease(loc, lease_ttl) if lease_ttl is not None and rank == 0 else None
         self.leased = lease_ttl is None
         self._collected = False  # stale directories of interrupted saves removed
@@ -150,6 +156,12 @@ class Root:
         keep = retention.retained_steps(
             [s for s, _ in found], keep_last=self.keep_last, keep_every=period, counts=counts
         )
+        if self.best is not None:
+            # The ranking lives in the checkpoints themselves, so a resumed run remembers it.
+            keep_best, monitor, mode = self.best
+            values = {step: retention.commit_metric(loc, monitor) for step, loc in found}
+            ranked = {step: value for step, value in values.items() if value is not None}
+            keep |= retention.best_steps(ranked, keep_best, mode)
         for step, loc in found:
             if step not in keep:
                 retention.delete_checkpoint(loc)
@@ -203,6 +215,14 @@ class Root:
             self.release_lease()
 
 
+def check_keep_last(keep_last: Any) -> None:
+    """Refuse a `keep_last` that is neither a positive int nor None."""
+    if keep_last is not None and (
+        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+    ):
+        raise ValueError(f"keep_last must be a positive int or None (keep all), got {keep_last!r}")
+
+
 def parse_keep_every(value: Any) -> int | Time | None:
     """`Manager(keep_every=...)` as an int of steps, a `Time` or None.
 
@@ -241,4 +261,46 @@ def written_by(loc: storage.Location) -> str:
         return "written by an unknown run"
 
 
-__all__ = ["Root", "checkpoints", "committed", "latest", "parse_keep_every", "written_by"]
+def parse_best(keep_best: Any, monitor: Any, mode: Any) -> tuple[int, str, str] | None:
+    """`(keep_best, monitor, mode)` checked, or None without `keep_best`."""
+    if keep_best is None:
+        return None
+    if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 1:
+        raise ValueError(f"keep_best must be a positive int or None, got {keep_best!r}")
+    if not isinstance(monitor, str) or not monitor:
+        raise ValueError(
+            f"keep_best={keep_best} ranks checkpoints by a metric: name it, e.g. "
+            "Manager(keep_best=2, monitor='eval/accuracy', mode='max')"
+        )
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    return keep_best, monitor, mode
+
+
+def finite_metrics(metrics: Any) -> dict[str, float]:
+    """The finite numbers of `metrics` as floats (a NaN cannot be ranked)."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be a dict of names to numbers, got {metrics!r}")
+    out = {}
+    for name, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            if math.isfinite(float(value)):
+                out[str(name)] = float(value)
+    return out
+
+
+__all__ = [
+    "Root",
+    "check_keep_last",
+    "checkpoints",
+    "committed",
+    "finite_metrics",
+    "latest",
+    "parse_best",
+    "parse_keep_every",
+    "written_by",
+]

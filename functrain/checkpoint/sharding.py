@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import _torch
+
 # Arrays are cut into chunks of at most this many bytes where shard boundaries allow: smaller
 # chunks let a reader on another mesh fetch little more than its own region, and let tensorstore
 # encode and write several chunks in parallel.
@@ -147,14 +149,13 @@ def local_region(dtensor, where: str) -> tuple[tuple[int, ...], tuple[int, ...],
     Returns:
         the local box and whether this rank is the one that writes it.
     """
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     texts = check_placements(dtensor, where)
     mesh = dtensor.device_mesh
     coord = mesh.get_coordinate()
     if coord is None:  # this rank is not part of the tensor's mesh
         return tuple(0 for _ in dtensor.shape), tuple(0 for _ in dtensor.shape), False
-    shape, offset = compute_local_shape_and_global_offset(dtensor.shape, mesh, dtensor.placements)
+    shape, offset = _torch.local_shape_and_offset(dtensor.shape, mesh, dtensor.placements)
     mine = shard_box(tuple(dtensor.shape), tuple(mesh.shape), texts, coord)
     if math.prod(shape) and (tuple(offset), tuple(shape)) != mine:
         raise AssertionError(f"{where}: shard box {mine} disagrees with torch's {offset, shape}")

@@ -147,6 +147,7 @@ def write(
     before_write: Callable[[], None] | None = None,
     before_commit: Callable[[], None] | None = None,
     owner: dict | None = None,
+    metrics: dict[str, float] | None = None,
 ) -> str:
     """Write a staged state as the checkpoint `loc` and commit it.
 
@@ -161,6 +162,8 @@ def write(
             checks that it still holds its root's lease); an error aborts the commit.
         owner: who writes, recorded in COMMIT.json (the manager's lease identity); by default
             this host and process.
+        metrics: values recorded with the checkpoint in COMMIT.json (and orbax's step metadata),
+            by which a manager ranks its checkpoints (`keep_best`).
     Returns:
         the checkpoint's URL.
     Raises:
@@ -192,7 +195,7 @@ def write(
 
     def commit():
         if rank == 0:
-            _commit(staged, work, scalar_arrays, started, files, owner, before_commit)
+            _commit(staged, work, scalar_arrays, started, files, owner, before_commit, metrics)
             if loc.is_local:
                 _move_into_place(work, loc)
 
@@ -275,6 +278,7 @@ def _commit(
     files: dict[str, str],
     owner: dict | None,
     before_commit: Callable[[], None] | None,
+    metrics: dict[str, float] | None = None,
 ) -> None:
     records = [item.record for item in staged.leaves]
     tree_bytes = layout.dump_json(layout.tree_description(records, staged.treedef, staged.step))
@@ -288,7 +292,7 @@ def _commit(
     orbax_step = {
         "item_handlers": "orbax.checkpoint._src.handlers.pytree_checkpoint_handler."
         "PyTreeCheckpointHandler",
-        "metrics": {},
+        "metrics": dict(metrics or {}),  # where orbax's own managers keep what they rank by
         "performance_metrics": {},
         "init_timestamp_nsecs": int(started * 1e9),
         "commit_timestamp_nsecs": now_ns,
@@ -310,6 +314,8 @@ def _commit(
         "files": {**files, **{n: layout.digest(d) for n, d in metadata.items()}},
         "writer": owner if owner is not None else _this_process(),
     }
+    if metrics:
+        commit["metrics"] = dict(metrics)
     if before_commit is not None:
         before_commit()
     storage.write_bytes(work, layout.COMMIT_FILE, layout.dump_json(commit))  # last: the commit

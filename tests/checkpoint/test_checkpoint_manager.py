@@ -383,3 +383,49 @@ def test_the_checkpoint_package_imports_neither_the_launcher_nor_the_teardown():
                 names = [a.name for a in node.names]
                 text = f"{getattr(node, 'module', None)} {names}"
                 assert "launch" not in text and "teardown" not in text, (path.name, text)
+
+
+# -- keep the best k by a monitored metric (issue 31 point 1) ----------------------------------
+
+_BEST_SAVER = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    import functrain
+    from functrain.checkpoint import Manager
+    manager = Manager(sys.argv[1], every=None, keep_last=1, keep_best=2,
+                      monitor="eval/accuracy", mode="max", async_save=False)
+    for step, accuracy in ((1, 0.5), (2, 0.9), (3, 0.7)):
+        state = functrain.TrainState(step=step, params={"w": torch.zeros(3)}, buffers={},
+                                     opt_state=(), rng=functrain.RngState())
+        manager.save(state, metrics={"eval/accuracy": accuracy, "eval/loss": float("nan")})
+    os.kill(os.getpid(), signal.SIGKILL)  # killed: nothing closes the manager
+    """
+)
+
+
+def test_keep_best_ranking_survives_a_kill_and_resume(tmp_path):
+    root = tmp_path / "run"
+    child = subprocess.run([sys.executable, "-c", _BEST_SAVER, str(root)], timeout=300)
+    assert child.returncode == -signal.SIGKILL
+    assert _step_dirs(root) == ["step_000000002", "step_000000003"]  # best two (and the last)
+    manager = Manager(root, every=None, keep_last=1, keep_best=2, monitor="eval/accuracy")
+    assert manager.restore(tiny(0)).step == 3
+    manager.save(tiny(4), metrics={"eval/accuracy": 0.6})
+    manager.wait()
+    assert _step_dirs(root) == ["step_000000002", "step_000000003", "step_000000004"]
+    manager.save(tiny(5), metrics={"eval/accuracy": torch.tensor(0.8)})
+    manager.close()
+    # 0.9 (step 2) saved before the kill still ranks first; 0.8 beats 0.7; the last is kept.
+    assert _step_dirs(root) == ["step_000000002", "step_000000005"]
+
+
+def test_keep_best_by_the_lowest_and_its_arguments():
+    manager = Manager("memory://mgr/best-min", every=None, keep_last=1, keep_best=1,
+                      monitor="eval/loss", mode="min", async_save=False)  # fmt: skip
+    for step, loss in ((1, 0.3), (2, 0.1), (3, 0.2)):
+        manager.save(tiny(step), metrics={"eval/loss": loss})
+    assert [s for s, _ in manager.checkpoints()] == [2, 3]
+    with pytest.raises(ValueError, match="name it, e.g. Manager"):
+        Manager("memory://mgr/bad", keep_best=2)
+    with pytest.raises(ValueError, match="mode must be 'max' or 'min'"):
+        Manager("memory://mgr/bad", keep_best=2, monitor="eval/loss", mode="lowest")
