@@ -1,5 +1,9 @@
 """`python -m functrain.plot RUN_DIR`: draw a run's curves from its JSONL log to a PNG.
 
+Given an LR range test's result (`lr_find(...).save("lr_find.json")`, or a directory holding
+`lr_find.json` and no metrics log) it draws that instead: the loss against the learning rate on a
+log axis, raw and smoothed, with the suggested learning rate marked (`plot_lr_find`).
+
 Reads `RUN_DIR/metrics.jsonl` (written by `functrain.loggers.JSONLLogger`) and draws up to four
 panels against the training step, each with a labelled y axis: losses (training and evaluation),
 learning rate (one curve per distinct schedule: identical series under two names are drawn once),
@@ -9,6 +13,8 @@ otherwise.
 Example:
     $ python -m functrain.plot runs/digits
     wrote runs/digits/curves.png
+    $ python -m functrain.plot runs/lr_find.json
+    wrote runs/lr_find.png
 """
 
 from __future__ import annotations
@@ -174,17 +180,99 @@ def make_figure(series: Series, name: str) -> Any:
     return figure
 
 
+def _lr_find_file(path: Path) -> Path | None:
+    """The LR range test result `path` names (the file, or `lr_find.json` in a directory that
+    has no metrics log), else None."""
+    from .loop.lr_find import DEFAULT_FILE_NAME as LR_FIND_FILE
+
+    if path.is_file() and path.suffix == ".json":
+        return path
+    if path.is_dir() and not (path / DEFAULT_FILE_NAME).exists():
+        return path / LR_FIND_FILE if (path / LR_FIND_FILE).exists() else None
+    return None
+
+
+def plot_lr_find(result_file: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Draw an LR range test (`functrain.loop.lr_find.LRFindResult.save`) and write a PNG.
+
+    Args:
+        result_file: the JSON file the result was saved to.
+        out: the PNG to write (default: the result's file with the suffix ".png").
+    Returns:
+        the path written.
+    Raises:
+        ValueError: the file is not an lr_find result, or its curve is empty.
+    Example:
+        >>> plot_lr_find("runs/lr_find.json")
+        PosixPath('runs/lr_find.png')
+    """
+    from .loop.lr_find import LRFindResult
+
+    path = Path(result_file)
+    try:
+        result = LRFindResult.load(path)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{path} is not an lr_find result: {error}") from error
+    if not result.lrs:
+        raise ValueError(f"{path} holds no points: the range test took no step")
+    out = Path(out) if out is not None else path.with_suffix(".png")
+    figure = lr_find_figure(result, path.stem)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    return out
+
+
+def lr_find_figure(result: Any, name: str) -> Any:
+    """The matplotlib `Figure` of an `LRFindResult`: loss against lr (log), the suggestion marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.0, 3.8), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    axes.plot(result.lrs, result.losses, "-", color="C0", alpha=0.35, linewidth=1, label="loss")
+    axes.plot(result.lrs, result.smoothed, "-", color="C0", linewidth=1.6, label="smoothed")
+    title = f"{name}: no suggestion (too few points)"
+    if result.suggestion is not None:
+        i = result.suggestion_index
+        axes.axvline(result.suggestion, color="C3", linestyle="--", linewidth=1)
+        axes.plot([result.suggestion], [result.smoothed[i]], "o", color="C3",
+                  label=f"suggested lr {result.suggestion:.2e}")  # fmt: skip
+        title = f"{name}: suggested lr {result.suggestion:.2e}"
+    finite = [v for v in result.smoothed if math.isfinite(v)]
+    if finite:  # the divergence would squash the curve: show up to a little above the start
+        raw = [v for v in result.losses if math.isfinite(v)]
+        low = min(finite + raw)
+        high = max(finite[: max(1, len(finite) // 4)] + [min(finite)])
+        axes.set_ylim(low - 0.05 * (high - low + 1e-12), high + 0.25 * (high - low + 1e-12))
+    axes.set_xscale("log")
+    axes.set_xlabel("learning rate")
+    axes.set_ylabel("loss")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3, which="both")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: `python -m functrain.plot RUN_DIR [--out FILE.png]`."""
     parser = argparse.ArgumentParser(
         prog="python -m functrain.plot",
-        description="Draw a run's loss, learning rate, throughput and eval curves to a PNG.",
+        description="Draw a run's loss, learning rate, throughput and eval curves (or an LR "
+        "range test) to a PNG.",
     )
-    parser.add_argument("run_dir", help="the run directory (holding metrics.jsonl)")
+    parser.add_argument(
+        "run_dir", help="the run directory (holding metrics.jsonl), or an lr_find result (.json)"
+    )
     parser.add_argument("--out", default=None, help="the PNG to write (default RUN_DIR/curves.png)")
     args = parser.parse_args(argv)
     try:
-        out = plot_run(args.run_dir, args.out)
+        lr_find_file = _lr_find_file(Path(args.run_dir))
+        if lr_find_file is not None:
+            out = plot_lr_find(lr_find_file, args.out)
+        else:
+            out = plot_run(args.run_dir, args.out)
     except (FileNotFoundError, ValueError) as error:
         print(f"functrain.plot: {error}", file=sys.stderr)
         return 1

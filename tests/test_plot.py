@@ -101,3 +101,34 @@ def test_axes_are_labelled_and_one_learning_rate_is_drawn_once():
     assert labels == ["lr = lr/group0", "lr/head"]
     assert all(axes.get_xlabel() == "step" for axes in by_title.values())
     assert figure._suptitle.get_text() == "run"
+
+
+def _lr_find_result():
+    from functrain.loop.lr_find import LRFindResult, steepest_descent
+
+    lrs = [1e-5 * 10 ** (i / 20) for i in range(80)]
+    losses = [2.3 - 2.0 / (1 + math.exp(-(math.log10(lr) + 2.5) * 3)) for lr in lrs]
+    losses[-10:] = [loss * 1.5**k for k, loss in enumerate(losses[-10:])]  # diverges
+    index = steepest_descent(losses)
+    return LRFindResult(lrs, losses, losses, lrs[index], index, "the loss diverged", 1e-5, 1e-1, 80)
+
+
+def test_an_lr_find_result_is_drawn_from_its_file_or_its_directory(tmp_path, capsys):
+    from functrain.plot import plot_lr_find
+
+    result = _lr_find_result()
+    path = result.save(tmp_path / "lr_find.json")
+    assert main([str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'lr_find.png'}"
+    image = imread(tmp_path / "lr_find.png")
+    assert image[..., :3].std() > 0.05
+    # A directory with lr_find.json and no metrics log: the range test is what it holds.
+    assert main([str(tmp_path), "--out", str(tmp_path / "dir.png")]) == 0
+    assert (tmp_path / "dir.png").exists()
+    # A run directory keeps drawing its metrics even when it also holds an lr_find.json.
+    _write_run(tmp_path)
+    assert main([str(tmp_path)]) == 0 and (tmp_path / "curves.png").exists()
+    (tmp_path / "other.json").write_text('{"kind": "something else"}')
+    with pytest.raises(ValueError, match="not an lr_find result"):
+        plot_lr_find(tmp_path / "other.json")
+    assert main([str(tmp_path / "other.json")]) == 1
