@@ -7,7 +7,8 @@ compared) the leaf that differs.
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from functrain.optim import EmptyState, Transform, scale
 from functrain.rng import key_for
@@ -185,6 +186,13 @@ def test_one_explicit_case():
             on_inputs("bad", lambda x, state: x.mul_(2.0)),
             case=Case(kind="cnn", features=2, size=3, hidden=4, classes=2, batch_size=3, seed=5),
         )
+
+
+@settings(max_examples=5, deadline=None)
+@given(case=cases(), amount=st.floats(-2.0, 2.0))
+def test_inside_a_given_test_the_case_is_passed_in(case, amount):
+    check_purity(shift(amount), case=case)
+    check_identity_at_zero(shift, strength="amount", case=case)
 
 
 def test_argument_errors_say_what_to_pass():
