@@ -33,15 +33,14 @@ def _tensor_difference(path: str, a: torch.Tensor, b: torch.Tensor, rtol, atol) 
             f"got shape {tuple(b.shape)} {b.dtype}"
         )
     a, b = a.detach().cpu(), b.detach().cpu()
-    if a.is_floating_point() or a.is_complex():
-        wide_a, wide_b = a.double(), b.double()
+    if a.is_complex():  # compare real and imaginary parts as a trailing dimension of 2
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    # Widened so that every dtype compares exactly: floats as float64, integers and bools as int64.
+    wide_a, wide_b = (a.double(), b.double()) if a.is_floating_point() else (a.long(), b.long())
+    if a.is_floating_point():
         close = (wide_a - wide_b).abs() <= atol + rtol * wide_b.abs()
         differs = ~(close | (wide_a == wide_b) | (wide_a.isnan() & wide_b.isnan()))
     else:
-        wide_a, wide_b = (
-            a.long() if a.dtype != torch.bool else a,
-            b.long() if b.dtype != torch.bool else b,
-        )
         differs = wide_a != wide_b
     count = int(differs.sum())
     if count == 0:

@@ -88,8 +88,10 @@ def name_of(subject: Any) -> str:
     if isinstance(subject, Algorithm):
         return f"algorithm '{subject.name}'"
     if isinstance(subject, Transform):
-        spec = type(subject.spec).__name__ if subject.spec is not None else "user"
-        return f"transform ({spec})"
+        # The function that built it ("add_l2", "chain"), and what it is when it says (its spec).
+        maker = getattr(subject.update, "__qualname__", "update").split(".<locals>")[0]
+        spec = repr(subject.spec) if subject.spec is not None else ""
+        return f"transform {maker}" + (f" {spec[:117]}..." if len(spec) > 120 else f" {spec}")
     return getattr(subject, "__qualname__", None) or repr(subject)
 
 
