@@ -141,6 +141,87 @@ def test_signal_log_sees_a_signal_that_another_handler_caught():
         signal.signal(signal.SIGTERM, old_term)
 
 
+# -- the launcher's exit code, one test per row of docs/events.md's table -------------------------
+
+
+class _Opts:
+    nproc, nnodes, node_rank = "2", "1", 0
+
+
+def _report(capsys, failures=None, records=None, reason=None, forwarded=None):
+    from functrain.launch import cli
+
+    stop = cli._Stop()
+    stop.reason = reason
+    if forwarded is not None:
+        stop.forwarded(forwarded)
+    code = cli._report(_Opts(), stop, failures, records or {})
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    return code, lines[-1] if lines else ""
+
+
+def test_exit_code_of_a_rank_error_is_the_ranks(capsys):
+    failures = {1: _Failure(1, "ValueError: bad batch"), 0: _Failure(-15, "", timestamp=101)}
+    records = {0: _record(0, None), 1: _record(1, 1)}
+    code, line = _report(capsys, failures, records)
+    assert code == 1 and line.startswith("functrain.launch: rank 1 failed (ValueError: bad batch)")
+
+
+@pytest.mark.parametrize("second", [-signal.SIGTERM, 1])
+def test_both_ranks_failing_exit_with_the_failed_ranks_code_never_143(capsys, second):
+    # rank 1 raised too, but torchrun SIGTERMed it while it was still exiting (its teardown):
+    # the code its script ended with counts, not the signal that finished it off
+    failures = {0: _Failure(1, "CheckpointLeaseError: lost the lease", timestamp=100),
+                1: _Failure(second, "CheckpointLeaseError: lost the lease", timestamp=101)}  # fmt: skip
+    records = {0: _record(0, 1), 1: _record(1, 1)}
+    code, line = _report(capsys, failures, records)
+    assert code == 1
+    assert line.startswith("functrain.launch: rank 0 failed (CheckpointLeaseError")
+    # both finished off by SIGTERM, only the records say how they ended
+    failures = {
+        r: _Failure(-signal.SIGTERM, "Traceback ... RuntimeError: x", 100 + r) for r in (0, 1)
+    }
+    assert _report(capsys, failures, records)[0] == 1
+
+
+@pytest.mark.parametrize("own, expected", [(75, 75), (0, 143)])
+def test_sigterm_to_the_launcher_keeps_the_ranks_own_code(capsys, own, expected):
+    # torchrun re-raises the stop, so there are no failures: only the records hold the 75
+    records = {r: _record(r, own, ["SIGTERM"], step=7, when=60.0) for r in (0, 1)}
+    code, line = _report(capsys, None, records, reason="SIGTERM")
+    assert code == expected
+    assert line == "functrain.launch: stopped by SIGTERM; all 2 ranks exited; their newest " + (
+        "checkpoint is step 7."
+    )
+
+
+def test_ctrl_c_exits_130(capsys):
+    records = {r: _record(r, 0, ["SIGTERM"], step=7) for r in (0, 1)}
+    assert _report(capsys, None, records, reason="Ctrl-C (SIGINT)")[0] == 130
+
+
+@pytest.mark.parametrize("sig, expected", [(signal.SIGHUP, 129), (signal.SIGQUIT, 131)])
+def test_a_hangup_is_a_stop_never_a_success(capsys, sig, expected):
+    records = {r: _record(r, 0, ["SIGTERM"], step=7) for r in (0, 1)}
+    records[0].exit["stop_time"] = records[1].exit["stop_time"] = 40.0
+    code, line = _report(capsys, None, records, forwarded=sig)
+    assert code == expected
+    assert (
+        line
+        == f"functrain.launch: stopped by {sig.name}; all 2 ranks checkpointed at step 7 "
+        + ("and exited.")
+    )
+
+
+def test_one_rank_signalled_stops_both_and_no_rank_failed(capsys):
+    # SIGTERM to rank 1 alone: fit stops both at one boundary, both scripts exit 75
+    failures = {r: _Failure(75, "", timestamp=100 + r) for r in (0, 1)}
+    records = {0: _record(0, 75, step=7), 1: _record(1, 75, ["SIGTERM"], step=7)}
+    code, line = _report(capsys, failures, records)
+    assert code == 75
+    assert line.startswith("functrain.launch: stopped by SIGTERM (sent to the ranks);"), line
+
+
 # -- real launches ------------------------------------------------------------------------------
 
 
@@ -219,7 +300,7 @@ def test_the_rank_that_died_is_named_not_the_one_torchrun_stopped(tmp_path, how,
 
 FIT = textwrap.dedent(
     """
-    import sys, signal, time
+    import os, sys, signal, time
     import torch
     import torch.nn.functional as F
     import functrain
@@ -228,6 +309,8 @@ FIT = textwrap.dedent(
 
     class Beat:
         def batch_end(self, ctx):
+            if ctx.state.step == 1:
+                print(f"pid {ctx.rank} {os.getpid()}", flush=True)
             if ctx.rank == 0:
                 print(f"beat {ctx.state.step}", flush=True)
             time.sleep(0.05)
@@ -251,6 +334,8 @@ FIT = textwrap.dedent(
     state = functrain.fit(step, state, batches * 100000, duration="100000ba",
                           checkpoints=manager, callbacks=[Beat()], log_interval=None)
     print(f"fit returned at step {state.step}", flush=True)
+    if sys.argv[2] == "exit75":   # the examples' `sys.exit(result.exit_code)` after SIGTERM
+        sys.exit(75)
     """
 )
 
@@ -307,7 +392,12 @@ def _last_line(err):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, reason, code",
-    [(signal.SIGTERM, "SIGTERM", 143), (signal.SIGINT, "Ctrl-C (SIGINT)", 130)],
+    [
+        (signal.SIGTERM, "SIGTERM", 143),
+        (signal.SIGINT, "Ctrl-C (SIGINT)", 130),
+        (signal.SIGHUP, "SIGHUP", 129),  # a closed terminal, a dropped ssh session
+        (signal.SIGQUIT, "SIGQUIT", 131),
+    ],
 )
 def test_a_stop_checkpoints_every_rank_and_ends_with_one_line(tmp_path, signum, reason, code):
     returncode, out, err = _launch_and_signal(tmp_path, "train", [signum])
@@ -332,3 +422,76 @@ def test_a_second_ctrl_c_kills_every_rank_at_once(tmp_path):
         "functrain.launch: stopped by Ctrl-C (SIGINT); ranks [0, 1] were killed (a second Ctrl-C)."
     )
     assert returncode == 130
+
+
+@pytest.mark.slow
+def test_sigterm_with_ranks_exiting_75_exits_75(tmp_path):
+    returncode, out, err = _launch_and_signal(tmp_path, "exit75", [signal.SIGTERM])
+    assert _last_line(err).startswith("functrain.launch: stopped by SIGTERM; all 2 ranks "), err
+    assert returncode == 75  # the ranks' "run me again", not 143
+
+
+BOTH_FAIL = textwrap.dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    import functrain.parallel as fdist
+
+    fdist.init_mesh()
+    dist.all_reduce(torch.ones(1))             # both ranks got this far
+    raise ValueError(f"rank {dist.get_rank()} fails too")
+    """
+)
+
+
+@pytest.mark.slow
+def test_both_ranks_failing_exit_1_never_143(tmp_path):
+    script = tmp_path / "both_fail.py"
+    script.write_text(BOTH_FAIL)
+    for _ in range(3):  # which rank torchrun sees first, and how it ends the other, varies
+        proc = _launch([str(script)])
+        line = _last_line(proc.stderr)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "failed (ValueError: rank " in line and "all ranks were stopped" in line, line
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has ended
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    script = tmp_path / "fit_stop.py"
+    script.write_text(FIT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "functrain.launch", "-n", "2", str(script), str(tmp_path / "c"), "train"],
+        env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    pids = {}
+    try:
+        for line in proc.stdout:
+            if "pid " in line:
+                rank, pid = line.split("pid ", 1)[1].split()
+                pids[int(rank)] = int(pid)
+            if len(pids) == 2 and "beat " in line and int(line.rsplit(" ", 1)[1]) >= 3:
+                break
+        assert len(pids) == 2, pids
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its group; the ranks have their own
+        proc.wait(timeout=60)
+        deadline = threading.Event()
+        for _ in range(600):  # the kernel kills them at once; allow a loaded machine a minute
+            if not any(_alive(pid) for pid in pids.values()):
+                break
+            deadline.wait(0.1)
+        assert not any(_alive(pid) for pid in pids.values()), pids
+    finally:
+        for pid in pids.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.stdout.close()

@@ -33,17 +33,23 @@ exception for torchrun, and the rank's exit code and stop signals for the launch
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import runpy
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 from . import status
 
 _PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+_LAUNCHER_ENV = "FUNCTRAIN_LAUNCHER_PID"  # the ranks die with this process
+# Signals that stop a launch as SIGTERM does: a closed terminal or a dropped ssh session (SIGHUP),
+# Ctrl-\ (SIGQUIT). torchrun forwards them to the ranks, whose wrapper turns them into SIGTERM.
+_HANGUPS = (signal.SIGHUP, signal.SIGQUIT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,8 +133,27 @@ class _Stop:
         self._old: dict = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # torchrun replaces the SIGHUP/SIGQUIT handlers once the ranks start (`forwarded` then
+        # hears of them); before that, during the rendezvous, they are this class's.
+        for sig in (signal.SIGTERM, signal.SIGINT, *_HANGUPS):
             self._old[sig] = signal.signal(sig, self._handle)
+
+    def forwarded(self, sigval: int) -> None:
+        """torchrun stopped the ranks for signal `sigval` (SIGHUP or SIGQUIT): a stop too."""
+        if self.reason is None and sigval in _HANGUPS:
+            self.reason = signal.Signals(sigval).name
+
+    @property
+    def code(self) -> int:
+        """The exit code of a stop with no code of the ranks' own: 128 + the signal number."""
+        if self.reason is None:
+            return 0
+        if "SIGINT" in self.reason:
+            return 128 + signal.SIGINT
+        for sig in _HANGUPS:
+            if self.reason.startswith(sig.name):
+                return 128 + sig
+        return 128 + signal.SIGTERM
 
     def restore(self) -> None:
         for sig, old in self._old.items():
@@ -139,7 +164,8 @@ class _Stop:
         from torch.distributed.elastic.multiprocessing.api import SignalException
 
         if self.reason is None:
-            self.reason = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
+            names = {signal.SIGINT: "Ctrl-C (SIGINT)"}
+            self.reason = names.get(signum, signal.Signals(signum).name)
             self.since = time.time()
             status.print_line(
                 f"functrain.launch: {self.reason}: asking every rank to checkpoint at its next "
@@ -198,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = tempfile.mkdtemp(prefix="functrain-launch-")
     os.environ[status.STATUS_ENV] = folder
+    os.environ[_LAUNCHER_ENV] = str(os.getpid())
     stop = _Stop()
     stop.install()
     failures = None
@@ -205,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         torchrun.run(torchrun.parse_args(torchrun_argv(opts)))
     except ChildFailedError as error:
         failures = error.failures
-    except SignalException:
-        pass  # a stop (reason set by _Stop), reported below
+    except SignalException as error:
+        stop.forwarded(error.sigval)  # a stop (by _Stop, or a hangup torchrun forwarded)
     finally:
         stop.restore()
         os.environ.pop(status.STATUS_ENV, None)
+        os.environ.pop(_LAUNCHER_ENV, None)
         if own_threads:
             os.environ.pop("OMP_NUM_THREADS", None)
         records = status.read_records(folder)
@@ -226,15 +254,18 @@ def _report(opts, stop: _Stop, failures: dict | None, records: dict) -> int:
     if stop.reason is not None and (failures is None or _all_stops(failures, records)):
         note = "a second Ctrl-C" if stop.aborted else ""
         where = "" if opts.nnodes in ("1", "1:1") else " on this node"
-        line = status.stop_line(stop.reason, records, ranks, stop.since, note, where)
+        since = stop.since if stop.since is not None else status.first_stop(records)
+        line = status.stop_line(stop.reason, records, ranks, since, note, where)
         status.print_line(line)
-        own = [f.exitcode for f in (failures or {}).values() if f.exitcode > 0]
-        return own[0] if own else 130 if "SIGINT" in stop.reason else 143
+        # the ranks' own nonzero code (`sys.exit(75)`: "run me again") wins over 128 + signal
+        own = [f.exitcode for _, f in sorted((failures or {}).items()) if f.exitcode > 0]
+        own += status.own_codes(records)
+        return own[0] if own else stop.code
     if failures:
         rank = status.root_failure(failures, records)
         rank = min(failures) if rank is None else rank
-        status.print_line(status.failure_line(failures, rank))
-        return status.exit_code_of(failures[rank])
+        status.print_line(status.failure_line(failures, rank, records))
+        return status.exit_code_of(failures[rank], records.get(rank))
     return 0
 
 
@@ -272,6 +303,10 @@ def _worker(argv: list[str]) -> int:
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
 
+    _die_with_launcher()
+    hangup = _Hangup()
+    for sig in _HANGUPS:  # torchrun forwards the launcher's hangup: stop as for SIGTERM
+        signal.signal(sig, hangup.handle)
     signals = status.SignalLog()
     code = 1  # an uncaught exception unless the script returns or exits
     try:
@@ -282,7 +317,7 @@ def _worker(argv: list[str]) -> int:
         raise
     finally:
         teardown.set_exit_code(code)  # the exit watchdog, if it fires, keeps the run's code
-        status.write_exit_record(code, signals.received())
+        status.write_exit_record(code, signals.received(), hangup.since)
     return 0
 
 
@@ -290,3 +325,49 @@ def _system_exit_code(exit_: SystemExit) -> int:
     if exit_.code is None:
         return 0
     return exit_.code if isinstance(exit_.code, int) else 1
+
+
+class _Hangup:
+    """A rank's SIGHUP/SIGQUIT (torchrun forwards the launcher's): SIGTERM instead, so `fit`
+    checkpoints at its step boundary and returns (a script without a SIGTERM handler ends)."""
+
+    def __init__(self):
+        self.since: float | None = None  # when the first one came (the launcher's stop line)
+
+    def handle(self, signum: int, frame) -> None:
+        if self.since is None:
+            self.since = time.time()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_launcher() -> None:
+    """End this rank when its launcher dies, even by SIGKILL (which no handler sees).
+
+    On Linux the kernel sends the rank SIGKILL when its parent (the launcher, which started it)
+    exits (`prctl(PR_SET_PDEATHSIG)`); elsewhere a daemon thread checks the parent every second.
+    A launcher that died before this ran is caught by comparing the parent's PID.
+    """
+    launcher = os.environ.get(_LAUNCHER_ENV)
+    if not launcher or not launcher.isdigit():
+        return  # not started by functrain.launch (torchrun itself, a test)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    else:
+        armed = False
+    if os.getppid() != int(launcher):
+        os.kill(os.getpid(), signal.SIGKILL)  # orphaned already
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(int(launcher),), daemon=True).start()
+
+
+def _watch_parent(launcher: int) -> None:
+    while os.getppid() == launcher:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -31,7 +31,10 @@ __all__ = [
     "STATUS_ENV",
     "RankRecord",
     "SignalLog",
+    "exit_code_of",
     "failure_line",
+    "first_stop",
+    "own_codes",
     "read_records",
     "record_checkpoint",
     "root_failure",
@@ -51,6 +54,8 @@ _SECONDARY = (
     "NCCL communicator was aborted",
     "DistNetworkError",
 )
+# The exit codes of a script whose `fit` was stopped by a signal (`FitResult.exit_code`).
+_STOP_CODES = (75, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 # What torchrun writes as a failure's message when the rank left none of its own.
 _MADE_UP = ("To enable traceback", "received by PID")
 
@@ -115,12 +120,15 @@ class SignalLog:
         return names
 
 
-def write_exit_record(code: int, signals: list[str]) -> None:
-    """Tell the launcher (if any) that this rank's script ended with `code`."""
+def write_exit_record(code: int, signals: list[str], stop_time: float | None = None) -> None:
+    """Tell the launcher (if any) that this rank's script ended with `code` (and, for a stop
+    forwarded as a hangup, when the rank was asked to stop)."""
     path = _record_path("exit")
     if path is not None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         record = {"code": int(code), "signals": signals, "local_rank": local, "time": time.time()}
+        if stop_time is not None:
+            record["stop_time"] = stop_time
         try:
             _write_json(path, record)
         except OSError:
@@ -202,13 +210,18 @@ def root_failure(failures: dict, records: dict[int, RankRecord] | None = None) -
         None when all of them were stops.
     """
     records = records or {}
+    anyone_stopped = any(r.signals for r in records.values())
 
     def stopped(rank: int, failure: Any) -> bool:
         own = _own_message(failure)
         if failure.exitcode in (-signal.SIGTERM, -signal.SIGINT) and not own:
             return True
         record = records.get(rank)
-        return record is not None and record.exit is not None and bool(record.signals)
+        if record is None or record.exit is None:
+            return False
+        # it caught the stop itself, or a peer did and it exited with a stop's code (`fit`
+        # stops every rank at the same boundary; the script's `sys.exit(result.exit_code)`)
+        return bool(record.signals) or (anyone_stopped and record.exit.get("code") in _STOP_CODES)
 
     def secondary(rank: int, failure: Any) -> bool:
         return stopped(rank, failure) or any(s in _message(failure) for s in _SECONDARY)
@@ -220,29 +233,53 @@ def root_failure(failures: dict, records: dict[int, RankRecord] | None = None) -
     return min(pool, key=lambda r: (failures[r].timestamp, r))
 
 
-def failure_text(failure: Any) -> str:
-    """A failure in a few words: the last line of its error, or the signal or exit code."""
+def _recorded_code(record: RankRecord | None) -> int:
+    """The nonzero code the rank's script ended with (0: none recorded, or it succeeded)."""
+    if record is None or record.exit is None:
+        return 0
+    code = record.exit.get("code")
+    return code if isinstance(code, int) and code > 0 else 0
+
+
+def failure_text(failure: Any, record: RankRecord | None = None) -> str:
+    """A failure in a few words: the last line of its error, or the exit code or signal."""
     message = _own_message(failure)
     if not message:
+        if _recorded_code(record):
+            return f"exit code {_recorded_code(record)}"
         name = _signal_name(failure.exitcode)
         return f"killed by {name}" if name else f"exit code {failure.exitcode}"
     last = [line for line in message.splitlines() if line.strip()]
     return last[-1].strip() if last else message
 
 
-def exit_code_of(failure: Any) -> int:
-    """The launcher's exit code for a rank's failure: its code, or 128 + the signal number."""
+def exit_code_of(failure: Any, record: RankRecord | None = None) -> int:
+    """The launcher's exit code for a rank's failure: the code its script ended with when it
+    recorded one (torchrun may SIGTERM a rank that is still exiting, so the signal it died of
+    says nothing: a crash must never read as 143, "preempted, requeue me"); else its exit code,
+    or 128 + the signal number."""
+    if _recorded_code(record):
+        return _recorded_code(record)
     return failure.exitcode if failure.exitcode > 0 else 128 + (-failure.exitcode or 1)
 
 
-def failure_line(failures: dict, rank: int) -> str:
+def own_codes(records: dict[int, RankRecord]) -> list[int]:
+    """The nonzero codes the ranks' scripts ended with, by rank (`sys.exit(75)` after a stop)."""
+    return [_recorded_code(records[r]) for r in sorted(records) if _recorded_code(records[r])]
+
+
+def first_stop(records: dict[int, RankRecord]) -> float | None:
+    """When the first rank was told to stop by a forwarded hangup (None: not recorded)."""
+    times = [r.exit["stop_time"] for r in records.values() if r.exit and "stop_time" in r.exit]
+    return min(times) if times else None
+
+
+def failure_line(failures: dict, rank: int, records: dict[int, RankRecord] | None = None) -> str:
     """`functrain.launch: rank R failed (...); all ranks were stopped (also failed: ...).`"""
     others = sorted(r for r in failures if r != rank)
     also = f" (also failed: ranks {others})" if others else ""
-    return (
-        f"functrain.launch: rank {rank} failed ({failure_text(failures[rank])}); "
-        f"all ranks were stopped{also}."
-    )
+    text = failure_text(failures[rank], (records or {}).get(rank))
+    return f"functrain.launch: rank {rank} failed ({text}); all ranks were stopped{also}."
 
 
 def node_ranks(records: dict[int, RankRecord], nproc: int, node_rank: int) -> list[int]:
