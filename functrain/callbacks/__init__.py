@@ -13,7 +13,7 @@ Example:
 from .activation_monitor import ActivationMonitor
 from .early_stopper import EarlyStopper
 from .image_visualizer import ImageVisualizer, render_grid
-from .interval import Interval, LogCadence
+from .interval import Interval, LogCadence, Trigger
 from .lr_monitor import LRMonitor, learning_rates
 from .memory_monitor import MemoryMonitor, cuda_memory, process_memory
 from .model_summary import ModelSummary
@@ -40,6 +40,7 @@ __all__ = [
     "SpeedMonitor",
     "ThresholdStopper",
     "TorchProfiler",
+    "Trigger",
     "cuda_memory",
     "device_peak_flops",
     "group_norms",

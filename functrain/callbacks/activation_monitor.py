@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from ..parallel import comm, data_parallel_info
 from ..units import TimeLike
-from .interval import Interval
+from .interval import Trigger
 
 STATISTICS = ("max", "average", "l2_norm", "kurtosis")
 
@@ -102,7 +103,7 @@ class ActivationMonitor:
                 f"{type(model).__name__}"
             )
         self.model = model
-        self.interval = Interval(interval)
+        self.interval = Trigger(interval)
         ignored = tuple(ignore_module_types or ())
         self._ignored_names = frozenset(t for t in ignored if isinstance(t, str))
         self._ignored_types = tuple(t for t in ignored if isinstance(t, type))
@@ -129,7 +130,7 @@ class ActivationMonitor:
             )
 
     def _record(self, name: str, args: Any, output: Any) -> None:
-        if torch._C._current_graph_task_id() != -1:
+        if _torch.in_backward_pass():
             return  # recomputed in the backward pass (activation checkpointing): counted already
         for kind, values in (("input", _tensors(args)), ("output", _tensors(output))):
             for i, value in enumerate(values):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..units import TimeLike
-from .interval import Interval
+from .interval import Trigger
 
 
 def _get(batch: Any, key: Any) -> Any:
@@ -160,7 +160,7 @@ class ImageVisualizer:
     ):
         if num_images < 1:
             raise ValueError(f"ImageVisualizer num_images must be >= 1, got {num_images}")
-        self.interval = Interval(interval) if interval is not None else None
+        self.interval = Trigger(interval) if interval is not None else None
         self.on_eval = on_eval
         self.num_images = num_images
         self.input_key, self.target_key = input_key, target_key

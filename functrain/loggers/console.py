@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from ..callbacks.interval import Interval
+from ..callbacks.interval import Trigger
 from ..units import TimeLike, Timestamp
 from .base import Logger
 
@@ -49,7 +49,7 @@ class ConsoleLogger(Logger):
         all_ranks: bool = False,
     ):
         super().__init__(all_ranks=all_ranks)
-        self.interval = Interval(interval) if interval is not None else None
+        self.interval = Trigger(interval) if interval is not None else None
         self.stream = stream
         self.digits = digits
         self._timestamp: Timestamp | None = None

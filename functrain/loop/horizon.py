@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..callbacks.interval import Interval, Last
 from ..data import DataSource, Loader
 from ..units import Time, Timestamp, TimeUnit
 
@@ -64,11 +65,13 @@ class Every:
 
     def __init__(self, interval: Time | None):
         self.interval = interval
-        self._last_clock: float | None = None  # the run's clock when a wall-clock interval fired
+        # The same pure question the callbacks ask (their Trigger), on the run's agreed clock.
+        self._due = Interval(interval) if interval is not None else None
+        self._last: Last = None
 
     def start(self, elapsed_sec: float) -> None:
         """Count wall-clock intervals from `elapsed_sec`, the run's clock when `fit` starts."""
-        self._last_clock = elapsed_sec
+        self._last = Interval.start(elapsed_sec)
 
     @property
     def by_epoch(self) -> bool:
@@ -90,21 +93,11 @@ class Every:
             return (
                 bool(bpe) and ts.batch_in_epoch == bpe and (ts.epoch + 1) % int(interval.value) == 0
             )
-        if interval.unit is TimeUnit.SECOND:
-            # The run's clock (`elapsed_sec`), which every rank agrees on at each step boundary,
-            # and not this process's own: an evaluation is collective, so all ranks must fire.
-            now = ts.elapsed_sec
-            if self._last_clock is None:
-                self._last_clock = now
-            if now - self._last_clock >= interval.value:
-                self._last_clock = now
-                return True
-            return False
-        try:
-            every = max(1, round(ts.to_batches(interval)))
-        except ValueError:  # samples/tokens before any was counted
-            return False
-        return ts.batch % every == 0
+        # Wall-clock intervals read the run's clock (`elapsed_sec`), which every rank agrees on,
+        # and not this process's own: an evaluation is collective, so all ranks must fire.
+        assert self._due is not None
+        fired, self._last = self._due.due(ts, self._last)
+        return fired
 
     def at_epoch_end(self, ts: Timestamp) -> bool:
         """True when the epoch that ended at `ts` (already advanced to the next) is due."""
