@@ -110,6 +110,18 @@ def test_bad_arguments_are_named():
         lr_find(model, mse, functrain.optim.sgd, data, divergence=1.0)
 
 
+def test_init_and_step_options_reach_init_and_make_step():
+    model, mse, data = toy()
+    whole = lr_find(model, mse, functrain.optim.sgd, data, min_lr=1e-3, max_lr=1e-1, num_steps=4,
+                    divergence=1e9, init_options={"plan": "local"})  # fmt: skip
+    split = lr_find(model, mse, functrain.optim.sgd, data, min_lr=1e-3, max_lr=1e-1, num_steps=4,
+                    divergence=1e9, microbatch_size=8)  # fmt: skip
+    # Microbatching does not change the gradient: the same curve, up to rounding.
+    assert split.losses == pytest.approx(whole.losses, rel=1e-5)
+    with pytest.raises(TypeError):
+        lr_find(model, mse, functrain.optim.sgd, data, num_steps=4, no_such_option=1)
+
+
 def adamw(lr):
     return functrain.optim.adamw(lr, weight_decay=1e-4)
 

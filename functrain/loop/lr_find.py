@@ -161,6 +161,7 @@ def lr_find(
     divergence: float = 4.0,
     skip_start: int = 10,
     seed: int = 0,
+    init_options: dict[str, Any] | None = None,
     **step_options: Any,
 ) -> LRFindResult:
     """Run the learning-rate range test on a fresh state of `model` and suggest a learning rate.
@@ -179,6 +180,7 @@ def lr_find(
         divergence: stop once the smoothed loss is this many times its best.
         skip_start: points the suggestion ignores at the start.
         seed: the state's seed (dropout, data order of functrain loaders).
+        init_options: more arguments of `functrain.init` (`mesh`, `plan`).
         **step_options: passed to `functrain.make_step` (precision, microbatches, ...).
     Returns:
         an `LRFindResult`: the curve, the suggestion, why it stopped.
@@ -202,7 +204,7 @@ def lr_find(
         )
     schedule = min_lr * exponential(max_lr / min_lr, decay_period=f"{num_steps - 1}ba")
     transform = optimizer(schedule)
-    state = init(model, transform, seed=seed)
+    state = init(model, transform, seed=seed, **(init_options or {}))
     step = make_step(model, loss_fn, transform, **step_options)
     recorder = _Recorder(lambda i: schedule(i), smoothing, divergence)
     fit(step, state, data, duration=f"{num_steps}ba", callbacks=[recorder], log_interval=None,
