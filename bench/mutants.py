@@ -109,7 +109,10 @@ CATALOGUE = {
     "functrain/functional/targets.py": ["tests/functional/test_fn_targets.py"],
     "functrain/functional/weight_standardization.py": ["tests/functional/test_fn_weight_standardization.py"],
     "functrain/functional/weights.py": ["tests/functional/test_fn_weights.py"],
-    "functrain/data.py": ["tests/test_data.py"],
+    "functrain/data/batches.py": ["tests/test_batching.py", "tests/functional/test_fn_batch.py"],
+    "functrain/data/order.py": ["tests/test_data.py"],
+    "functrain/data/loader.py": ["tests/test_data.py"],
+    "functrain/data/source.py": ["tests/test_data.py"],
     "functrain/pieces.py": ["tests/test_step.py"],
     # the fused kernel inside the step: only the optim file counts the kernels that run
     "functrain/step.py": ["tests/test_step.py", "tests/optim/test_optim_fused.py"],

@@ -103,8 +103,8 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     # ---- functional/, fourth round: augmentation and data ----
     #
     #
-    ("functrain/data.py", 56, "core/ReplaceComparisonOperator_Gt_NotEq"): (
-        "`x.dim() != 0` for `x.dim() > 0`: a tensor's number of dimensions is never negative"
+    ("functrain/data/batches.py", 37, "core/ReplaceComparisonOperator_Gt_NotEq"): (
+        "`leaf.dim() != 0` for `leaf.dim() > 0`: a tensor's number of dimensions is never negative"
     ),
     ("functrain/functional/augmentation_chains.py", 47, "core/ReplaceComparisonOperator_Eq_LtE"): (
         "`rows.numel() <= 0` for `== 0`: a tensor's element count is never negative"

@@ -259,7 +259,7 @@ def test_stateful_iterables_resume_through_their_state():
     assert streaming.loaded == {"sample_in_epoch": 64, "from_beginning": True}
 
 
-# -- mutation-testing survivors of functrain/data.py (bench mutants, issue 17) ------------------
+# -- mutation-testing survivors of functrain/data/ (bench mutants, issue 17) --------------------
 
 
 def _squares(n=12):
