@@ -170,7 +170,7 @@ def test_a_law_broken_only_on_some_cases_is_shrunk_to_a_minimal_one():
         check_purity(
             on_inputs("big", mutates_big_batches),
             steps=1,
-            cases=cases(kinds=("mlp",), max_features=3, max_hidden=3, max_seed=10),
+            cases=cases(kinds=("mlp",), max_features=2, max_hidden=2, max_classes=2, max_seed=2),
             settings=settings(max_examples=30, derandomize=True, database=None, deadline=None),
         )
     assert info.value.case == Case(
