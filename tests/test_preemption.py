@@ -20,11 +20,14 @@ import time
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
 import functrain
 from functrain.checkpoint import Manager, load
 from functrain.data import Loader
+from functrain.loop.agreement import FIRST_PERIOD, GROWTH, Agreement
 from functrain.loop.preemption import Boundary, StopKind, StopSignals, agree
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -40,6 +43,29 @@ def test_one_process_agrees_with_itself():
     assert agree(StopKind.NONE, "early stop", 2.0).stop is StopKind.CALLBACK
     assert agree(StopKind.SIGTERM, "early stop", 2.0).stop is StopKind.SIGTERM  # the strongest
     assert agree(StopKind.SIGINT, None, 0.0).preempted
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    target=st.floats(0.5, 30.0),
+    sec_per_batch=st.lists(st.floats(1e-4, 20.0), min_size=1, max_size=12),
+)
+def test_agreements_come_ever_rarer_up_to_the_target_period(target, sec_per_batch):
+    """Several ranks agree first after FIRST_PERIOD batches, then each period is at most GROWTH
+    times the last, at least 1 batch, and (once longer than 1) within `target` seconds of the
+    agreed clock at the pace last seen; the schedule depends only on agreed values."""
+    agreement = Agreement(start_batch=10, target_sec=target)
+    batch, clock, periods = 10, 0.0, []
+    for pace in sec_per_batch:
+        start = agreement.next_start
+        clock += (start - batch) * pace
+        batch = start
+        agreement.record(batch, clock)
+        periods.append((agreement.next_start - batch, pace))
+    assert periods[0][0] == FIRST_PERIOD
+    for (before, _), (period, pace) in zip(periods, periods[1:]):
+        assert 1 <= period <= GROWTH * before
+        assert period == 1 or period * pace <= target * (1 + 1e-9)
 
 
 def test_signals_are_noted_and_a_second_ctrl_c_aborts():

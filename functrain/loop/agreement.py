@@ -122,7 +122,7 @@ class Agreement:
         """
         inflight = self._wait()
         kind, elapsed = inflight.values.tolist()
-        self._schedule(inflight.batch, elapsed)
+        self.record(inflight.batch, elapsed)
         return Boundary(StopKind(int(kind)), elapsed)
 
     def drop(self) -> None:
@@ -142,8 +142,15 @@ class Agreement:
             inflight.event.synchronize()  # waits for this copy only, not the device's queue
         return inflight
 
-    def _schedule(self, batch: int, elapsed: float) -> None:
-        """The next start: the period grows x4, up to about `target_sec` of the agreed clock."""
+    def record(self, batch: int, elapsed: float) -> None:
+        """Note the agreed clock `elapsed` of the agreement started at `batch`, and set the next
+        start: the period grows x4, up to about `target_sec` of the agreed clock (at least 1).
+
+        Example:
+            >>> agreement = Agreement(0)
+            >>> agreement.record(0, 0.0); agreement.next_start
+            4
+        """
         period = self._period * GROWTH
         if self._last is not None and batch > self._last[0]:
             sec_per_batch = (elapsed - self._last[1]) / (batch - self._last[0])

@@ -2,11 +2,13 @@
 checkpoint glue that saves and restores the loop's own state (callbacks, data position).
 
 A SIGTERM (a scheduler preempting the job) or a first Ctrl-C (SIGINT) only asks the run to stop:
-the handler notes it, the current step finishes, and at the next step boundary every rank takes
-part in one agreement (`agree`) that decides, for all of them alike, whether to stop and what the
-run's clock reads. The loop acts only on that decision -- never on a flag a signal may set a
-moment later on one rank -- so all ranks stop at the same step and enter the final checkpoint's
-collectives together. A second Ctrl-C aborts at once (KeyboardInterrupt).
+the handler notes it, the current step finishes, and the loop stops at a step boundary decided
+for all ranks alike: on one process the next one (`agree`, no collective); on several ranks the
+boundary where the next agreement is read (`functrain.loop.agreement`: a small all-reduce
+started without waiting and read one boundary later). The loop acts only on that decision --
+never on a flag a signal may set a moment later on one rank -- so all ranks stop at the same
+step and enter the final checkpoint's collectives together. A second Ctrl-C aborts at once
+(KeyboardInterrupt).
 
 The callbacks' `state_dict()` and the data loader's position are saved as JSON strings in the
 state's `extra` (see `saved_state.encode_state`), so `fit(..., autoresume=True)` continues
@@ -141,8 +143,10 @@ class StopSignals:
 def agree(pending: StopKind, stop_reason: str | None, elapsed_sec: float) -> Boundary:
     """The decision of one step boundary, the same on every rank.
 
-    Every rank calls it at every boundary (one small all-reduce when torch.distributed runs
-    several processes): ranks that decided apart would wait on each other's collectives forever.
+    Every rank calls it at the same boundary (one small blocking all-reduce when
+    torch.distributed runs several processes): ranks that decided apart would wait on each
+    other's collectives forever. `fit` calls it on one process; on several ranks it agrees
+    through `agreement.Agreement`, off the hot path.
 
     Args:
         pending: the signal this rank received (`StopSignals.pending`).
