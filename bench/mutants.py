@@ -62,6 +62,8 @@ CATALOGUE = {
     # the fused single-kernel path (its plan, cache, recipes) and the pure step's buffer pool
     "functrain/optim/fused.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/fused_cache.py": ["tests/optim/test_optim_fused.py"],
+    "functrain/optim/fused_groups.py": ["tests/optim/test_optim_fused.py"],
+    "functrain/optim/recipe.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/kernels.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/buffers.py": ["tests/optim/test_optim_pure_step.py"],
     "functrain/optim/_foreach.py": ["tests/optim/test_optim_sgd.py",

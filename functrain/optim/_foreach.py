@@ -1,13 +1,15 @@
-"""Private helpers: `torch._foreach_*` on lists of tensors, pure or in place, and tree plumbing.
+"""Private helpers: torch's foreach kernels on lists of tensors, pure or in place; reading a
+hyperparameter's current value; validating hyperparameters; tree plumbing.
 
-Every transform flattens its pytrees into lists and runs one fused `torch._foreach_*` kernel per
-operation. `fe(op, xs, ..., inplace=...)` picks the out-of-place or in-place variant, so the pure
-path and the donating path share one code path: a transform allocates fresh tensors once (or
-writes into donated ones) and then works in place on what it owns.
+Every transform flattens its pytrees into lists and runs one foreach kernel (`_foreach_<op>`,
+through `functrain._torch`) per operation. `foreach_op(op, xs, ..., inplace=...)` picks the
+out-of-place or in-place variant, so the pure path and the donating path share one code path: a
+transform allocates fresh tensors once (or writes into donated ones) and then works in place on
+what it owns.
 
 Example:
     >>> xs = [torch.ones(2), torch.ones(3)]
-    >>> fe("mul", xs, 2.0)[0]
+    >>> foreach_op("mul", xs, 2.0)[0]
     tensor([2., 2.])
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from .._lazy import is_dtensor as is_dtensor  # re-exported: the optimizers test with it
 from ..tree import tree_flatten
 
@@ -36,11 +39,13 @@ def placed_alike(a: Any, b: Any) -> bool:
 
 def local_pieces(xs: list[Any]) -> list[torch.Tensor]:
     """Each DTensor's local tensor (sharing its storage), plain tensors as they are."""
-    return [x._local_tensor if is_dtensor(x) else x for x in xs]
+    return [_torch.local_tensor(x) if is_dtensor(x) else x for x in xs]
 
 
-def fe(op: str, xs: list[torch.Tensor], *args: Any, inplace: bool = False, **kwargs: Any) -> list:
-    """Apply `torch._foreach_<op>` (or `torch._foreach_<op>_` when `inplace`) to `xs`.
+def foreach_op(
+    op: str, xs: list[torch.Tensor], *args: Any, inplace: bool = False, **kwargs: Any
+) -> list:
+    """Apply torch's foreach kernel `_foreach_<op>` (`_foreach_<op>_` when `inplace`) to `xs`.
 
     Args:
         op: the foreach op name without prefix, e.g. "mul", "add", "lerp".
@@ -57,9 +62,9 @@ def fe(op: str, xs: list[torch.Tensor], *args: Any, inplace: bool = False, **kwa
         if local is not None:
             return local
     if inplace:
-        getattr(torch, f"_foreach_{op}_")(xs, *args, **kwargs)
+        _torch.foreach(op, inplace=True)(xs, *args, **kwargs)
         return xs
-    return list(getattr(torch, f"_foreach_{op}")(xs, *args, **kwargs))
+    return list(_torch.foreach(op)(xs, *args, **kwargs))
 
 
 _REDUCTIONS = frozenset({"norm", "max"})  # not elementwise: a shard's answer is not the whole's
@@ -86,9 +91,9 @@ def _on_local_pieces(op: str, xs: list, args: tuple, kwargs: dict, inplace: bool
     args = tuple(unwrap(a) for a in args)
     kwargs = {k: unwrap(v) for k, v in kwargs.items()}
     if inplace:
-        getattr(torch, f"_foreach_{op}_")(pieces, *args, **kwargs)
+        _torch.foreach(op, inplace=True)(pieces, *args, **kwargs)
         return xs
-    outs = getattr(torch, f"_foreach_{op}")(pieces, *args, **kwargs)
+    outs = _torch.foreach(op)(pieces, *args, **kwargs)
     from ..parallel.offload import dtensor_like  # keeps a host piece (offload) on the host
 
     return [dtensor_like(o, x) for o, x in zip(outs, xs)]
@@ -103,14 +108,14 @@ def copy_into(dst: list[torch.Tensor], src: list[torch.Tensor]) -> list[torch.Te
         for d, s in zip(dst, src):
             d.copy_(s)
     else:
-        torch._foreach_copy_(dst, src)
+        _torch.foreach_copy_(dst, src)
     return dst
 
 
 def zeros_like(xs: list[torch.Tensor], *, inplace: bool = False) -> list[torch.Tensor]:
     """Zeros shaped (and placed) like `xs`; overwrite `xs` when `inplace`."""
     if inplace:
-        return fe("zero", xs, inplace=True)
+        return foreach_op("zero", xs, inplace=True)
     return [torch.zeros_like(x) for x in xs]
 
 
@@ -162,7 +167,7 @@ def params_like(grads: Any, params: Any, treespec: Any, who: str) -> list[torch.
     return leaves_matching(params, treespec, f"{who}: params")
 
 
-def evaluate(
+def hyperparam_value(
     value: float | Callable[[Any], float],
     count: int,
     extra: Mapping[str, Any],

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import donating, fe, flatten, leaves_matching, zeros_like
+from ._foreach import donating, flatten, foreach_op, leaves_matching, zeros_like
 from .base import Transform
 
 
@@ -59,7 +59,7 @@ def multi_steps(inner: Transform, every_k: int) -> Transform:
         last = state.mini_step + 1 == every_k
         with torch.no_grad():
             if not last:
-                acc = fe("add", acc, g, inplace=donate)
+                acc = foreach_op("add", acc, g, inplace=donate)
                 zero = zeros_like(g, inplace=donate)
                 new_state = MultiStepsState(
                     state.mini_step + 1, tree_unflatten(spec, acc), state.inner_state
@@ -67,8 +67,8 @@ def multi_steps(inner: Transform, every_k: int) -> Transform:
                 return tree_unflatten(spec, zero), new_state
             # The mean goes into a buffer the inner optimizer may overwrite (the donated grads,
             # or a fresh list), never into the accumulator, which is reset here.
-            mean = fe("add", g, acc, inplace=donate)
-            fe("div", mean, float(every_k), inplace=True)
+            mean = foreach_op("add", g, acc, inplace=donate)
+            foreach_op("div", mean, float(every_k), inplace=True)
             acc = zeros_like(acc, inplace=donate)
         updates, inner_state = inner.update(
             tree_unflatten(spec, mean), state.inner_state, params, **extra

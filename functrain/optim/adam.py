@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import check_number, copy_into, donating, fe, flatten, leaves_matching
+from ._foreach import check_number, copy_into, donating, flatten, foreach_op, leaves_matching
 from .base import Transform, chain
 from .masking import masked_passthrough
 from .scale import (
@@ -83,21 +83,25 @@ def scale_by_adam(
         mu = leaves_matching(state.mu, spec, "scale_by_adam: mu")
         nu = leaves_matching(state.nu, spec, "scale_by_adam: nu")
         step = state.count + 1
-        mu = fe("lerp", mu, g, 1.0 - b1, inplace=donate)
-        nu = fe("mul", nu, b2, inplace=donate)
-        fe("addcmul", nu, g, g, value=1.0 - b2, inplace=True)
+        mu = foreach_op("lerp", mu, g, 1.0 - b1, inplace=donate)
+        nu = foreach_op("mul", nu, b2, inplace=donate)
+        foreach_op("addcmul", nu, g, g, value=1.0 - b2, inplace=True)
         second = nu
         nu_max = None
         if amsgrad:
             nu_max = leaves_matching(state.nu_max, spec, "scale_by_adam: nu_max")
-            nu_max = fe("maximum", nu_max, nu, inplace=donate)
+            nu_max = foreach_op("maximum", nu_max, nu, inplace=donate)
             second = nu_max
         # One temporary list, as torch's own foreach Adam allocates: the denominator.
-        denom = fe("sqrt", second)
-        fe("div", denom, math.sqrt(1.0 - b2**step), inplace=True)
-        fe("add", denom, eps, inplace=True)
-        out = fe("div", copy_into(g, mu), denom, inplace=True) if donate else fe("div", mu, denom)
-        fe("div", out, 1.0 - b1**step, inplace=True)
+        denom = foreach_op("sqrt", second)
+        foreach_op("div", denom, math.sqrt(1.0 - b2**step), inplace=True)
+        foreach_op("add", denom, eps, inplace=True)
+        out = (
+            foreach_op("div", copy_into(g, mu), denom, inplace=True)
+            if donate
+            else foreach_op("div", mu, denom)
+        )
+        foreach_op("div", out, 1.0 - b1**step, inplace=True)
         mu_tree, nu_tree = tree_unflatten(spec, mu), tree_unflatten(spec, nu)
         if amsgrad:
             new_state = ScaleByAmsgradState(step, mu_tree, nu_tree, tree_unflatten(spec, nu_max))

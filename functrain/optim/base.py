@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_flatten, tree_leaves, tree_unflatten
-from ._foreach import fe, is_dtensor
+from ._foreach import foreach_op, is_dtensor
 from .spec import ChainSpec
 
 Params = Any
@@ -117,7 +117,7 @@ def apply_updates(params: Params, updates: Updates, donate: bool = False) -> Par
         params: the parameters, a pytree (normally `{fqn: tensor}`).
         updates: the optimizer's output, same structure; for dicts it may also cover a subset of
             the names in `params` (the others, e.g. frozen parameters, are kept as they are).
-        donate: add in place (`torch._foreach_add_` under no_grad) and reuse the parameter
+        donate: add in place (one foreach kernel, under no_grad) and reuse the parameter
             tensors; otherwise new tensors are returned and `params` is left untouched.
     Returns:
         the new parameters, same structure as `params`. Updates are cast to each parameter's
@@ -158,8 +158,8 @@ def _add(ps: list, us: list, donate: bool, names: list | None) -> list:
     us = [u if u.dtype == p.dtype else u.to(p.dtype) for p, u in zip(ps, us)]
     with torch.no_grad():
         if donate:
-            return fe("add", ps, us, inplace=True)
-        new = fe("add", ps, us)
+            return foreach_op("add", ps, us, inplace=True)
+        new = foreach_op("add", ps, us)
     for p, n in zip(ps, new):
         if p.requires_grad:
             n.requires_grad_(True)
@@ -217,7 +217,7 @@ def global_norm(tree: Any) -> torch.Tensor:
 def _sum_of_squares(xs: list[torch.Tensor], dtype: torch.dtype, device: Any) -> torch.Tensor:
     if not xs:
         return torch.zeros((), dtype=dtype, device=device)
-    norms = fe("norm", xs)
+    norms = foreach_op("norm", xs)
     if any(n.dtype != dtype or n.device != device for n in norms):  # mixed: cast each first
         norms = [n.to(device=device, dtype=dtype) for n in norms]
     return torch.stack(norms).square().sum()

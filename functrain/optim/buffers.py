@@ -34,6 +34,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import _torch
+
 __all__ = ["BufferPool"]
 
 
@@ -47,7 +49,7 @@ def _counts(pool: list, index: int) -> tuple[int, int, int, int, int]:
         sys.getrefcount(tensor),
         weakref.getweakrefcount(tensor),
         tensor._use_count(),
-        torch._C._storage_Use_Count(storage._cdata),
+        _torch.storage_use_count(tensor),
         sys.getrefcount(storage),
     )
 
@@ -120,7 +122,7 @@ class BufferPool:
             plain_in.append(tensor)
         if plain_out:
             with torch.no_grad():
-                torch._foreach_copy_(plain_out, plain_in)
+                _torch.foreach_copy_(plain_out, plain_in)
         self._given = list(out)
         return out
 

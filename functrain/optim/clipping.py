@@ -14,7 +14,7 @@ import math
 import torch
 
 from ..tree import tree_unflatten
-from ._foreach import check_number, donating, fe, flatten, params_like
+from ._foreach import check_number, donating, flatten, foreach_op, params_like
 from .base import EmptyState, Transform, global_norm
 from .spec import ClipByGlobalNormSpec
 
@@ -51,7 +51,7 @@ def clip_by_global_norm(max_norm: float) -> Transform:
         # no host sync) is needed. Tensor / tensor: `scalar / tensor` is computed as
         # scalar * reciprocal(tensor), which is not exactly 1.
         factor = torch.full_like(norm, max_norm) / torch.clamp(norm, min=max_norm)
-        out = fe("mul", leaves, factor.to(leaves[0].device), inplace=donating(extra))
+        out = foreach_op("mul", leaves, factor.to(leaves[0].device), inplace=donating(extra))
         return tree_unflatten(spec, out), state
 
     return Transform(_no_state, update, ClipByGlobalNormSpec(max_norm))
@@ -93,10 +93,10 @@ def clip_by_value(
         leaves, spec = flatten(grads)
         out = leaves
         if low is not None:
-            out = fe("clamp_min", out, low, inplace=donate)
+            out = foreach_op("clamp_min", out, low, inplace=donate)
         if high is not None:
             # After the first op `out` is ours whenever it is a fresh list.
-            out = fe("clamp_max", out, high, inplace=donate or out is not leaves)
+            out = foreach_op("clamp_max", out, high, inplace=donate or out is not leaves)
         return tree_unflatten(spec, out), state
 
     return Transform(_no_state, update)

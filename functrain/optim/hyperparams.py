@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_flatten
-from ._foreach import evaluate, start_value
+from ._foreach import hyperparam_value, start_value
 from .base import Transform
 from .spec import InjectSpec
 
@@ -80,7 +80,7 @@ def inject_hyperparams(
         static = {k: v for k, v in hparams.items() if k not in dynamic}
 
         def values_at(count: int, extra: Mapping[str, Any]) -> dict[str, float]:
-            return {k: evaluate(v, count, extra, k) for k, v in dynamic.items()}
+            return {k: hyperparam_value(v, count, extra, k) for k, v in dynamic.items()}
 
         def init(params):
             values = {k: start_value(v) for k, v in dynamic.items()}

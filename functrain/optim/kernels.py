@@ -5,11 +5,13 @@ composition, in place, with torch's fused optimizer kernels.
 lr at `extra["time"]` or the transform's own count, the decoupled decay's ratio), runs one kernel
 call per parameter group, and returns each primitive transform's new state.
 
-    adam core   torch._fused_adam_ (no decay, or L2 before the core) / torch._fused_adamw_
+    adam core   `_fused_adam_` (no decay, or L2 before the core) / `_fused_adamw_`
                 (decay times the lr, or a decoupled decay folded in as wd * ratio / lr)
-    sgd core    torch._fused_sgd_ (momentum, dampening, Nesterov, L2); a decay applied after
+    sgd core    `_fused_sgd_` (momentum, dampening, Nesterov, L2); a decay applied after
                 the momentum is a pre-pass `params *= 1 - decay`
     lion core   five in-place foreach passes (torch has no Lion kernel)
+
+The kernels are torch's private names, reached through `functrain._torch`.
 
 A global-norm clip is the kernels' `grad_scale` (they divide the gradients by it), except where
 no kernel takes one (Lion) or float32 would round it (float64 parameters): there the gradients
@@ -23,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ._foreach import evaluate
+from .. import _torch
+from ._foreach import hyperparam_value
 from .adam import ScaleByAdamState, ScaleByAmsgradState
 from .base import global_norm
 from .lion import ScaleByLionState
@@ -50,7 +53,7 @@ def run_recipe(
             multiplier *= leaf.spec.factor
             new_states[id(leaf)] = leaf.state
         else:
-            value = evaluate(leaf.spec.lr, leaf.state.count, extra, "lr")
+            value = hyperparam_value(leaf.spec.lr, leaf.state.count, extra, "lr")
             multiplier *= leaf.spec.sign * value
             new_states[id(leaf)] = ScaleByLearningRateState(leaf.state.count + 1, value)
     for leaf in [recipe.decay, *recipe.inert]:
@@ -92,7 +95,7 @@ def run_recipe(
             # The kernels read their gradient scale as float32, which would round a float64
             # run's clipping: scale the gradients in float64 instead (one more pass).
             assert clip_factor is not None  # set with grad_scale
-            torch._foreach_mul_(columns[1], clip_factor.to(device))
+            _torch.foreach("mul", inplace=True)(columns[1], clip_factor.to(device))
             scale, prescaled = None, True
         group_wd, group_decoupled = (wd, decoupled) if decayed else (0.0, 0.0)
         if core is not None and isinstance(core.spec, AdamSpec):
@@ -116,12 +119,22 @@ def run_recipe(
 
 
 def _decoupled_factor(spec: DecoupledWeightDecaySpec, count: int, extra) -> float:
-    return evaluate(spec.lr, count, extra) / spec.base if spec.base else 1.0
+    return hyperparam_value(spec.lr, count, extra) / spec.base if spec.base else 1.0
+
+
+def _kernel(name: str) -> Any:
+    kernel = _torch.fused_optimizer_kernel(name)
+    if kernel is None:  # the planner runs before a tensor is touched; this torch lacks it
+        raise NotImplementedError(
+            f"torch {torch.__version__} has no fused {name} kernel; functrain needs a torch "
+            "that has it (see pyproject.toml's declared range)"
+        )
+    return kernel
 
 
 def _prescale(params: list[torch.Tensor], factor: float) -> None:
     if factor != 1.0:
-        torch._foreach_mul_(params, factor)
+        _torch.foreach("mul", inplace=True)(params, factor)
 
 
 def _adam(core, columns, lr, wd, decoupled, kind, grad_scale, device) -> None:
@@ -134,7 +147,7 @@ def _adam(core, columns, lr, wd, decoupled, kind, grad_scale, device) -> None:
             weight_decay = decoupled / lr
         else:
             _prescale(params, 1.0 - decoupled)
-    kernel = torch._fused_adam_ if kind in ("", "l2") else torch._fused_adamw_
+    kernel = _kernel("adam" if kind in ("", "l2") else "adamw")
     step = torch.full((), float(core.state.count + 1), device=device)
     kernel(
         params,
@@ -163,7 +176,7 @@ def _sgd(core, columns, lr, wd, decoupled, kind, grad_scale) -> None:
     elif kind == "decoupled":
         _prescale(params, 1.0 - decoupled)
     spec = core.spec if core is not None else MomentumSpec(0.0, False, 0.0)
-    torch._fused_sgd_(
+    _kernel("sgd")(
         params,
         grads,
         buffers,
@@ -181,14 +194,14 @@ def _sgd(core, columns, lr, wd, decoupled, kind, grad_scale) -> None:
 def _lion(spec: LionSpec, columns, lr, wd, decoupled, kind, clip_factor) -> None:
     params, grads, mu = columns
     if clip_factor is not None:  # no kernel to hand a gradient scale to: clip as the chain does
-        torch._foreach_mul_(grads, clip_factor)
+        _torch.foreach("mul", inplace=True)(grads, clip_factor)
     if kind == "l2" and wd:
-        torch._foreach_add_(grads, params, alpha=wd)
-    direction = torch._foreach_lerp(mu, grads, 1.0 - spec.b1)
-    torch._foreach_sign_(direction)
-    torch._foreach_lerp_(mu, grads, 1.0 - spec.b2)
+        _torch.foreach("add", inplace=True)(grads, params, alpha=wd)
+    direction = list(_torch.foreach("lerp")(mu, grads, 1.0 - spec.b1))
+    _torch.foreach("sign", inplace=True)(direction)
+    _torch.foreach("lerp", inplace=True)(mu, grads, 1.0 - spec.b2)
     if kind == "coupled":
         _prescale(params, 1.0 - lr * wd)
     elif kind == "decoupled":
         _prescale(params, 1.0 - decoupled)
-    torch._foreach_add_(params, direction, alpha=-lr)
+    _torch.foreach("add", inplace=True)(params, direction, alpha=-lr)

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import check_number, donating, fe, flatten, leaves_matching
+from ._foreach import check_number, donating, flatten, foreach_op, leaves_matching
 from .base import Transform, chain
 from .masking import masked_passthrough
 from .scale import ScalarOrSchedule, add_decayed_weights, scale_by_learning_rate
@@ -56,8 +56,8 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
         g, spec = flatten(grads)
         mu = leaves_matching(state.mu, spec, "scale_by_lion: mu")
         # The direction needs the old momentum, so it is built before mu moves.
-        direction = fe("sign", fe("lerp", mu, g, 1.0 - b1), inplace=True)
-        mu = fe("lerp", mu, g, 1.0 - b2, inplace=donate)
+        direction = foreach_op("sign", foreach_op("lerp", mu, g, 1.0 - b1), inplace=True)
+        mu = foreach_op("lerp", mu, g, 1.0 - b2, inplace=donate)
         return tree_unflatten(spec, direction), ScaleByLionState(
             state.count + 1, tree_unflatten(spec, mu)
         )

@@ -19,7 +19,15 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_unflatten
-from ._foreach import check_number, donating, evaluate, fe, flatten, params_like, start_value
+from ._foreach import (
+    check_number,
+    donating,
+    flatten,
+    foreach_op,
+    hyperparam_value,
+    params_like,
+    start_value,
+)
 from .base import EmptyState, Transform
 from .spec import DecoupledWeightDecaySpec, LearningRateSpec, ScaleSpec, WeightDecaySpec
 
@@ -43,7 +51,9 @@ def scale(factor: float) -> Transform:
     def update(grads, state, params=None, **extra):
         del params
         leaves, spec = flatten(grads)
-        return tree_unflatten(spec, fe("mul", leaves, factor, inplace=donating(extra))), state
+        return tree_unflatten(
+            spec, foreach_op("mul", leaves, factor, inplace=donating(extra))
+        ), state
 
     return Transform(init, update, ScaleSpec(factor))
 
@@ -78,9 +88,9 @@ def scale_by_learning_rate(lr: ScalarOrSchedule, *, flip_sign: bool = True) -> T
     @torch.no_grad()
     def update(grads, state, params=None, **extra):
         del params
-        value = evaluate(lr, state.count, extra, "lr")
+        value = hyperparam_value(lr, state.count, extra, "lr")
         leaves, spec = flatten(grads)
-        out = fe("mul", leaves, sign * value, inplace=donating(extra))
+        out = foreach_op("mul", leaves, sign * value, inplace=donating(extra))
         return tree_unflatten(spec, out), ScaleByLearningRateState(state.count + 1, value)
 
     return Transform(init, update, LearningRateSpec(lr, sign))
@@ -107,7 +117,7 @@ def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
             return grads, state
         leaves, spec = flatten(grads)
         ps = params_like(grads, params, spec, "add_decayed_weights")
-        out = fe("add", leaves, ps, alpha=weight_decay, inplace=donating(extra))
+        out = foreach_op("add", leaves, ps, alpha=weight_decay, inplace=donating(extra))
         return tree_unflatten(spec, out), state
 
     return Transform(init, update, WeightDecaySpec(weight_decay))
@@ -149,7 +159,7 @@ def add_decoupled_weight_decay(
     base = _initial_lr(lr, initial_lr)
 
     def factor_at(count, extra):
-        return evaluate(lr, count, extra, "lr") / base if base else 1.0
+        return hyperparam_value(lr, count, extra, "lr") / base if base else 1.0
 
     def init(params):
         del params
@@ -164,7 +174,7 @@ def add_decoupled_weight_decay(
             return grads, new_state
         leaves, spec = flatten(grads)
         ps = params_like(grads, params, spec, "add_decoupled_weight_decay")
-        out = fe("add", leaves, ps, alpha=-weight_decay * factor, inplace=donating(extra))
+        out = foreach_op("add", leaves, ps, alpha=-weight_decay * factor, inplace=donating(extra))
         return tree_unflatten(spec, out), new_state
 
     return Transform(init, update, DecoupledWeightDecaySpec(weight_decay, lr, base))

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import check_number, copy_into, donating, fe, flatten, leaves_matching
+from ._foreach import check_number, copy_into, donating, flatten, foreach_op, leaves_matching
 from .base import Transform, chain
 from .masking import masked_passthrough
 from .scale import (
@@ -69,13 +69,13 @@ def trace(decay: float, nesterov: bool = False, dampening: float = 0.0) -> Trans
             fresh = buf if donate else [torch.empty_like(b) for b in buf]
             buf = copy_into(fresh, leaves)
         else:
-            buf = fe("mul", buf, decay, inplace=donate)
-            fe("add", buf, leaves, alpha=1.0 - dampening, inplace=True)
+            buf = foreach_op("mul", buf, decay, inplace=donate)
+            foreach_op("add", buf, leaves, alpha=1.0 - dampening, inplace=True)
         if nesterov:
-            out = fe("add", leaves, buf, alpha=decay, inplace=donate)
+            out = foreach_op("add", leaves, buf, alpha=decay, inplace=donate)
         else:
             # The updates must never alias the state: later transforms may scale them in place.
-            out = copy_into(leaves, buf) if donate else fe("clone", buf)
+            out = copy_into(leaves, buf) if donate else foreach_op("clone", buf)
         return tree_unflatten(spec, out), TraceState(state.count + 1, tree_unflatten(spec, buf))
 
     return Transform(init, update, MomentumSpec(decay, bool(nesterov), dampening))

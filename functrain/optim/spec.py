@@ -4,7 +4,7 @@ Each transform built by this package carries a `spec` (the `Transform.spec` fiel
 record of its kind and hyperparameters, e.g. `AdamSpec(b1=0.9, b2=0.999, eps=1e-8,
 amsgrad=False)`. Combinators describe their children (`ChainSpec`, `MaskedSpec`, `InjectSpec`).
 `functrain.optim.fused` reads these records to run a whole composition with torch's fused
-kernels (`torch._fused_adamw_`, `torch._fused_sgd_`, ...), instead of one foreach kernel per
+kernels (torch's `_fused_adamw_`, `_fused_sgd_`, ...), instead of one foreach kernel per
 transform. A transform without a spec (`spec=None`, e.g. a user's own) simply runs its `update`.
 
 The records describe; they never compute. Each one says how its transform's state advances, so

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import functrain
 from functrain import optim, schedules
-from functrain.optim import fused
+from functrain.optim.fused_groups import dense
 from functrain.tree import tree_allclose, tree_clone, tree_flatten
 from functrain.units import Timestamp
 
@@ -565,9 +565,9 @@ def test_fused_equals_foreach_for_any_gradient_layout(opt, shape, param_layout, 
         updates, ref_state = opt.update(tree_clone(grads), ref_state, ref_params, time=time)
         ref_params = optim.apply_updates(ref_params, updates)
         before = tree_clone((fused_params, fused_state))
-        dense = fused.dense(fused_params["2.weight"])  # (an update may make it dense)
+        is_dense = dense(fused_params["2.weight"])  # (an update may make it dense)
         new_state = optim.fused_update(opt, grads, fused_state, fused_params, time=time)
-        assert (new_state is not None) == dense, optim.why_not_fused(opt, fused_params)
+        assert (new_state is not None) == is_dense, optim.why_not_fused(opt, fused_params)
         if new_state is None:  # declined, having touched nothing: the step's fallback
             assert tree_allclose((fused_params, fused_state), before, atol=0)
             updates, new_state = opt.update(grads, fused_state, fused_params, time=time)

@@ -1,0 +1,135 @@
+"""Which fused kernel call updates each parameter, with which tensors, in which memory layout.
+
+The executor (`functrain.optim.fused`) calls a kernel once per group of parameters alike: the
+same decay setting, device and dtype. A kernel walks each tensor's memory as one flat array, so a
+parameter, its gradient and its moments must be dense and laid out alike: `group_layout` refuses
+parameters or moments that are not (the transforms' own update runs them), and
+`grads_laid_out_like_params` copies a gradient laid out otherwise (a transposed gradient, as
+`torch.bmm(x, w.transpose(1, 2))` gives) into its parameter's layout on every call.
+
+Example:
+    >>> layout = group_layout(recipe, names, params, [grads, mu, nu])
+    >>> groups = {key: columns_of(group, [params, grads, mu, nu], local)
+    ...           for key, group, local in layout}
+    >>> grads_laid_out_like_params(groups)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .. import _torch
+from ._foreach import is_dtensor, placed_alike
+from .recipe import NotFusable, Recipe
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def selected(mask: Any, names: list[str], source: Mapping[str, Any]) -> set[str]:
+    values = mask(source) if callable(mask) else mask
+    missing = [k for k in names if k not in values]
+    if missing:
+        raise NotFusable(f"the mask has no entry for {missing[:5]}")  # update() says it clearly
+    return {k for k in names if bool(values[k])}
+
+
+def _local(x: torch.Tensor) -> torch.Tensor:
+    return _torch.local_tensor(x) if is_dtensor(x) else x
+
+
+def _pieces(tensors: list[Any]) -> list[torch.Tensor] | None:
+    """The local tensors a kernel can run on (a parameter, its gradient, its moments), or None
+    when they do not line up."""
+    for t in tensors:
+        if type(t) not in _PLAIN:
+            param = tensors[0]
+            if not all(is_dtensor(x) and placed_alike(param, x) for x in tensors):
+                return None
+            tensors = [_local(x) for x in tensors]
+            break
+    dtype, device = tensors[0].dtype, tensors[0].device
+    if dtype not in _FLOATS:
+        return None
+    for t in tensors:
+        if t.dtype != dtype or t.device != device:
+            return None
+    # The kernels walk each tensor's memory as one flat array, so a parameter and its moments
+    # must be dense and laid out alike (the gradient, tensors[1], is checked on every call).
+    param = tensors[0]
+    if not dense(param) or not all(same_layout(t, param) for t in tensors[2:]):
+        return None
+    return tensors
+
+
+def dense(t: torch.Tensor) -> bool:
+    """True when `t`'s elements fill its memory exactly once, in some order of its dimensions
+    (contiguous, channels-last, a transposed contiguous tensor; not a slice with a step)."""
+    expected = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when `a` and `b` (of one shape) have the same strides, except on dimensions of size
+    1, where a stride says nothing."""
+    return all(x == y or n == 1 for x, y, n in zip(a.stride(), b.stride(), a.shape))
+
+
+def grads_laid_out_like_params(groups: dict) -> None:
+    """Give each group's gradient column its parameter's memory layout, copying where they
+    differ.
+
+    Why: the kernels index a gradient's memory as if it were laid out like its parameter. A
+    gradient that is not (`torch.bmm(x, w.transpose(1, 2))` gives a 3-D weight a transposed
+    one) would silently get wrong updates, so it is copied; the gradients are the executor's to
+    overwrite. A gradient of another dtype or device has no fused form.
+
+    Raises:
+        NotFusable: a gradient's dtype or device differs from its parameter's.
+    """
+    for columns in groups.values():
+        params, grads = columns[0], columns[1]
+        for i, (param, grad) in enumerate(zip(params, grads)):
+            if grad.dtype != param.dtype or grad.device != param.device:
+                raise NotFusable("a gradient of another dtype or device than its parameter")
+            if not same_layout(grad, param):
+                grads[i] = torch.empty_like(param).copy_(grad)
+
+
+def group_layout(recipe: Recipe, names: list[str], params: Mapping, trees: list) -> list:
+    """`[(group key, names, DTensor pieces)]`: which kernel call updates each parameter.
+
+    Raises:
+        NotFusable: a parameter's tensors (it, its gradient, its moments) do not line up.
+    """
+    decay_on = recipe.decay is not None
+    decayed = None
+    if recipe.decay is not None and recipe.decay.mask is not None:
+        decayed = selected(recipe.decay.mask, names, params)
+    groups: dict[tuple, tuple[list[str], bool]] = {}
+    for name in names:
+        tensors = [params[name], *[tree[name] for tree in trees]]
+        pieces = _pieces(tensors)
+        if pieces is None:
+            raise NotFusable(f"{name!r}: tensors of mixed kinds, dtypes or devices")
+        first = pieces[0]
+        key = (decay_on and (decayed is None or name in decayed), first.device, first.dtype)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ([], pieces[0] is not tensors[0])
+        group[0].append(name)
+    return [(key, group, local) for key, (group, local) in groups.items()]
+
+
+def columns_of(names: list[str], trees: list, local: bool) -> list[list[torch.Tensor]]:
+    """The kernel's tensor lists for one group: a column per tree (params, grads, moments)."""
+    if local:
+        return [[_local(tree[name]) for name in names] for tree in trees]
+    return [[tree[name] for name in names] for tree in trees]
