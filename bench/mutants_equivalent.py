@@ -54,7 +54,7 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     ),
     ("functrain/optim/lion.py", 59, "core/ReplaceTrueWithFalse"): (
         "the sign is taken in place on the lerp's result, a fresh list of temporaries "
-        '(`fe("lerp", ...)` without inplace returns new tensors): out of place gives the same '
+        '(`foreach_op("lerp", ...)` without inplace returns new tensors): out of place gives the same '
         "values in one more allocation"
     ),
     ("functrain/step_grads.py", 254, "core/ReplaceComparisonOperator_Is_Eq"): (
