@@ -6,6 +6,12 @@ trained (or, with `ema=True`, the averaged) weights in any PyTorch program, with
 Given `model` and `example_inputs` it also writes `out/model.pt2`, a `torch.export` program for
 serving (`torch.export.load`).
 
+An export is all or nothing: every file is built in memory first (a model `torch.export` cannot
+trace writes nothing), a new local folder is written under a temporary name and renamed into
+place, and in an existing folder each file is replaced whole. A Hugging Face model exports with
+its key/value cache off (`model.config.use_cache = False`): its `DynamicCache` output is not a
+tensor tree, and the error says so.
+
 EMA weights are read from `state.algo_state["ema"]`, which holds `params` and `buffers` as
 `{fqn: tensor}` and `num_updates` (see `functrain.algorithms.ema.EMAState`); before averaging has
 started (`num_updates == 0`) the trained weights are exported.
@@ -22,6 +28,8 @@ from __future__ import annotations
 import copy
 import io
 import os
+import shutil
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,21 +81,51 @@ def export(
     rank = torch.distributed.get_rank() if _distributed() else 0
     program = None
     if rank == 0:
-        storage.make_dir(out)
         metadata = {"format": "pt", "producer": "functrain", "weights": "ema" if ema else "trained"}
         if step is not None:
             metadata["step"] = str(step)
-        storage.write_bytes(out, SAFETENSORS_FILE, safetensors_bytes(tensors, metadata=metadata))
+        files = {SAFETENSORS_FILE: safetensors_bytes(tensors, metadata=metadata)}
         if model is not None and example_inputs is not None:
             buffer = io.BytesIO()
             torch.export.save(_exported(model, tensors, example_inputs, dynamic_shapes), buffer)
-            storage.write_bytes(out, PROGRAM_FILE, buffer.getvalue())
+            files[PROGRAM_FILE] = buffer.getvalue()
             program = out.file_url(PROGRAM_FILE)
+        _write_all(out, files)
     elif model is not None and example_inputs is not None:
         program = out.file_url(PROGRAM_FILE)
     if _distributed():
         torch.distributed.barrier()  # the files exist on every rank's return
     return {"safetensors": out.file_url(SAFETENSORS_FILE), "program": program}
+
+
+def _write_all(out: Any, files: dict[str, bytes]) -> None:
+    """Write `files` into `out` so that a failure leaves no half-written export.
+
+    A local folder that does not exist yet is written under a temporary sibling name and renamed
+    into place; in an existing folder (another export's, or one holding a model's config) each
+    file replaces its old version whole, and a `model.pt2` of an earlier export that this one does
+    not replace is removed (it would serve the old weights). Object stores have no rename: each
+    object appears whole, and nothing is written before every file was built.
+    """
+    from .checkpoint import storage
+
+    if not out.is_local or os.path.isdir(out.local_path):
+        for name, data in files.items():
+            storage.write_bytes(out, name, data)
+        if PROGRAM_FILE not in files and storage.exists(out, PROGRAM_FILE):
+            storage.delete_file(out, PROGRAM_FILE)
+        return
+    parent = os.path.dirname(out.local_path)
+    os.makedirs(parent, exist_ok=True)
+    # os.mkdir, not mkdtemp: the folder keeps the umask's permissions once renamed into place
+    temporary = os.path.join(parent, f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+    os.mkdir(temporary)
+    try:
+        staged = storage.resolve(temporary)
+        storage.write_many(staged, files)
+        storage.rename_dir(staged, out)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)  # gone after the rename; else the debris
 
 
 def _distributed() -> bool:
@@ -195,4 +233,16 @@ def _exported(model, tensors, example_inputs, dynamic_shapes):
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     with torch.no_grad():
-        return torch.export.export(serving, example_inputs, dynamic_shapes=dynamic_shapes)
+        try:
+            return torch.export.export(serving, example_inputs, dynamic_shapes=dynamic_shapes)
+        except Exception as error:
+            config = getattr(model, "config", None)
+            if getattr(config, "use_cache", False) and "Cache" in str(error):
+                raise RuntimeError(
+                    f"torch.export cannot trace {type(model).__name__}'s output: with "
+                    "`config.use_cache` on, a Hugging Face model returns its key/value cache (a "
+                    "`DynamicCache`), which is not a tree of tensors. Export with the cache off: "
+                    "`model.config.use_cache = False` (or build the model with "
+                    "`use_cache=False`), then call functrain.export again. Nothing was written."
+                ) from error
+            raise

@@ -115,3 +115,67 @@ def test_mismatched_model_is_explained(tmp_path):
     other = torch.nn.Linear(6, 11)
     with pytest.raises(KeyError, match="no weight for the model's state_dict key 'weight'"):
         export(state, tmp_path, model=other)
+
+
+class Untraceable(TiedNet):
+    """A model whose tracing fails (after the weights were built, before anything is written)."""
+
+    def forward(self, tokens):
+        raise ValueError("cannot trace this")
+
+
+def test_a_failed_export_leaves_no_folder_and_no_debris(tmp_path):
+    model = Untraceable()
+    with pytest.raises(ValueError, match="cannot trace this"):  # the error, not reworded
+        export(trained_state(model), tmp_path / "out", model=model, example_inputs=(TOKENS,))
+    assert list(tmp_path.iterdir()) == []  # no half-written export, no temporary folder
+
+
+def test_a_failed_export_into_an_existing_export_keeps_the_old_files(tmp_path):
+    model = TiedNet()
+    state = trained_state(model)
+    paths = export(state, tmp_path, model=model, example_inputs=(TOKENS,))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["model.pt2", "model.safetensors"]
+    bad = Untraceable()
+    with pytest.raises(ValueError, match="cannot trace this"):
+        export(trained_state(bad).replace(step=13), tmp_path, model=bad, example_inputs=(TOKENS,))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    # a later export without a program removes the old one: it would serve the old weights
+    export(state.replace(step=14), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    assert paths["safetensors"].endswith("model.safetensors")
+
+
+def test_a_new_export_folder_appears_whole_with_the_umasks_permissions(tmp_path):
+    import os
+    import stat
+
+    model = TiedNet()
+    target = tmp_path / "deep" / "out"
+    export(trained_state(model), target, model=model, example_inputs=(TOKENS,))
+    assert sorted(p.name for p in target.iterdir()) == ["model.pt2", "model.safetensors"]
+    assert [p.name for p in target.parent.iterdir()] == ["out"]  # no temporary sibling left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o777 & ~umask
+
+
+def test_hf_cache_output_names_use_cache_false(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(vocab_size=17, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    state = functrain.init(model, functrain.optim.sgd(lr=0.1), seed=0)
+    ids = torch.randint(0, 17, (1, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match=r"model\.config\.use_cache = False") as error:
+        export(state, tmp_path / "gpt2", model=model, example_inputs=(ids,))
+    assert "DynamicCache" in str(error.value) and "Nothing was written" in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+    model.config.use_cache = False  # the fix the message names
+    paths = export(state, tmp_path / "gpt2", model=model, example_inputs=(ids,))
+    program = torch.export.load(paths["program"])
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(ids).logits, model.eval()(ids).logits)
