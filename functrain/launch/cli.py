@@ -20,9 +20,13 @@ all 2 ranks checkpointed at step 7 and exited.` A second Ctrl-C kills every rank
 Threads: each rank gets `OMP_NUM_THREADS=1` unless the variable is set (then it is kept), so N
 ranks never start N times torch's default of one thread per core.
 
-Exit codes: 0 when every rank finished; the first failed rank's code (128 + N when it died of
-signal N) after a failure; 143 (128 + SIGTERM) after a stop by SIGTERM, 130 (128 + SIGINT) after
-Ctrl-C — unless the stopped ranks exited with a nonzero code of their own, which is kept.
+SIGHUP and SIGQUIT (a closed terminal, a dropped ssh session) stop the run as SIGTERM does. If the
+launcher itself is killed (SIGKILL), the kernel kills every rank with it.
+
+Exit codes (docs/events.md): 0 when every rank finished; after a failure, the code the first
+failed rank's script ended with (else 128 + N when it died of signal N; never 143 for a crash);
+after a stop, 143 (SIGTERM), 130 (Ctrl-C), 129 (SIGHUP) or 131 (SIGQUIT) — unless the stopped
+ranks exited with a nonzero code of their own (75), which is kept.
 
 Each rank runs inside a small wrapper (this module's `--worker` mode) that records an uncaught
 exception for torchrun, and the rank's exit code and stop signals for the launcher
