@@ -42,17 +42,24 @@ class BackgroundWriter:
     def __init__(self, async_save: bool, process_group=None):
         self.async_save = async_save
         self.rank, world = dist_info(process_group)
-        self.group, self._own_group = process_group, False
-        if async_save and process_group is None and world > 1:
+        self.group = process_group
+        self._wants_group = async_save and process_group is None and world > 1
+        self._own_group = False
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.open()
+        self._pending: tuple[concurrent.futures.Future, str, int] | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # host copies, reused save after save
+
+    def open(self) -> None:
+        """Make the worker thread and the group if `close` gave them back (collective: every
+        rank calls it together, as every rank saves and restores together)."""
+        if self._wants_group and not self._own_group:
             self.group = torch.distributed.new_group(backend="gloo")
             self._own_group = True
-        self._executor = None
-        if async_save:
+        if self.async_save and self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="functrain-checkpoint"
             )
-        self._pending: tuple[concurrent.futures.Future, str, int] | None = None
-        self._buffers: dict[str, torch.Tensor] = {}  # host copies, reused save after save
 
     def stage(self, state: Any) -> Staged:
         """Describe `state` and take this rank's data off the device (a copy when asynchronous:
@@ -91,7 +98,8 @@ class BackgroundWriter:
             ) from err
 
     def close(self) -> None:
-        """Stop the worker thread and destroy the group this writer made (call `wait` first)."""
+        """Stop the worker thread and destroy the group this writer made (call `wait` first);
+        `open` makes them again."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

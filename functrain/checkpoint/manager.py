@@ -7,19 +7,15 @@ A small facade over the four parts of the job, each in its own module:
 - `root.Root`: the directory of checkpoints -- its lease, listing, retention and set-aside;
 - `restore.restore_newest`: the newest checkpoint that verifies, agreed on by every rank.
 
-`save(state)` blocks only while the state is copied off the device, then writes in the
-background (a second save first waits for the first, and an error of the thread is raised by the
-next call). After each commit, checkpoints beyond the last `keep_last` (and not on the
-`keep_every` period) are deleted, never the newest and never before the new one is committed.
-`restore(like)` loads the newest committed checkpoint that verifies -- a damaged newer one is set
-aside as `step_N.corrupt-<reason>` (never deleted) -- or, on a fresh run, the weights of
-`init_from` (a fine-tune from another run).
+`save(state)` blocks only for the copy off the device; retention runs after each commit, never
+deleting the newest. `restore(like)` loads the newest checkpoint that verifies (a damaged newer
+one is set aside as `step_N.corrupt-<reason>`), or on a fresh run the weights of `init_from`.
 
 The first `save` or `restore` takes the root's lease: a second run on the same root gets a
 `CheckpointLeaseError` naming the owner instead of deleting the first run's saves. Whoever makes
 a manager closes it: `close()`, or `with Manager(...) as manager:`. `fit` finishes the saves of a
-manager it was given and releases its lease when it returns; the manager stays usable (its next
-save or restore takes the lease again).
+manager it was given and gives back its lease, thread and group when it returns; the manager
+stays usable (its next save or restore takes them again).
 
 Example:
     >>> with Manager("s3://bucket/run", every="1ep", keep_last=3,
@@ -150,6 +146,7 @@ class Manager:
             keep_every=keep_every,
             best=best,
         )
+        self.keep_last, self.keep_every = keep_last, keep_every  # (what the root applies)
         self._last_index: int | None = None  # the schedule's index of the last save or restore
         self._known: set[int] = set()  # steps this manager wrote or restored
         self._closed = False
@@ -163,14 +160,6 @@ class Manager:
     def every(self) -> Time | None:
         """The save interval (None: only when asked)."""
         return self.schedule.every
-
-    @property
-    def keep_last(self) -> int | None:
-        return self._root.keep_last
-
-    @property
-    def keep_every(self) -> int | Time | None:
-        return self._root.keep_every
 
     def subscribe(self, fn: OnCommit) -> None:
         """Call `fn(step, url)` after each commit (once, however often it is subscribed).
@@ -215,6 +204,7 @@ class Manager:
         """
         self._check_open()
         self.wait()
+        self._open()
         step = getattr(state, "step", None)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise TypeError(
@@ -319,6 +309,7 @@ class Manager:
         """
         self._check_open()
         self.wait()
+        self._open()
         self._root.take_lease()
         options = dict(strict=strict, ignore=ignore, weights_only=weights_only, inplace=inplace)
         self.restored_from = None
@@ -366,6 +357,7 @@ class Manager:
             self.wait()
         finally:
             self._root.release_lease()
+            self._background.close()  # no thread or group outlives the run that used them
 
     def close(self) -> None:
         """Wait for the save in flight, apply retention, release the lease, the thread and the
@@ -379,6 +371,11 @@ class Manager:
             self._closed = True
             self._root.release_lease()
             self._background.close()
+
+    def _open(self) -> None:
+        """The thread and group `release` gave back, made again (collective)."""
+        self._background.open()
+        self._root.group = self._background.group
 
     def _check_open(self) -> None:
         if self._closed:

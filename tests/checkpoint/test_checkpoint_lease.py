@@ -241,7 +241,7 @@ def test_an_endless_ttl_is_waited_out_at_most_max_ttl_saying_who_and_how(
     monkeypatch.setattr(lease, "MAX_TTL", 0.5)
     monkeypatch.setattr(lease, "WAIT_REPORT_S", 0.0)
     _write_record(tmp_path, host="node-17", pid=4242, ttl=ttl)
-    manager = Manager(tmp_path, async_save=False)
+    manager = Manager(tmp_path, async_save=False, lease_ttl=0.4)  # within the (patched) bound
     thread, outcome = _in_thread(lambda: manager.save(tiny(1)))
     assert not thread.is_alive(), "the run waited out a record's ttl without bound"
     assert isinstance(outcome[0], str), outcome
