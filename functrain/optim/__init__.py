@@ -25,6 +25,7 @@ from .adam import (
 )
 from .base import EmptyState, Transform, apply_updates, chain, global_norm, identity
 from .clipping import adaptive_grad_clip, clip_by_global_norm, clip_by_value, unitwise_norm
+from .executor import update_in_place
 from .fused import FusedCache, FusedPlan, fused_plan, fused_update, why_not_fused
 from .hyperparams import InjectHyperparamsState, current_lr, inject_hyperparams
 from .lion import ScaleByLionState, lion, scale_by_lion
@@ -52,7 +53,8 @@ __all__ = [
     "inject_hyperparams",
     "current_lr",
     "global_norm",
-    # the fused executor
+    # the executor: fused kernels or the transforms' update, decided in one place
+    "update_in_place",
     "FusedCache",
     "FusedPlan",
     "fused_plan",

@@ -2,9 +2,9 @@
 
 A pure step (`donate=False`) copies the trainable params and the optimizer state into buffers
 nobody else holds (recycled from the state of the call before, `functrain.optim.buffers`) and
-then runs exactly the donating update on them, so purity is a property, not a price. The update
-is the fused executor (`functrain.optim.fused`: torch's fused kernels for the whole composition)
-when the optimizer has a fused form, else its own `update` with `donate=True`.
+then runs exactly the donating update on them, so purity is a property, not a price. Which path
+the update takes (torch's fused kernels or the transforms' own `update`) is the optimizer's
+business: `functrain.optim.executor.update_in_place` decides.
 
 The piece is an object, not a bound method of the step, so a step knows its own default piece by
 identity (`pieces.update is step.update_piece`) even in a shallow copy (`compile_step`).
@@ -20,16 +20,14 @@ from typing import Any
 
 import torch
 
-from ..optim import FusedCache, apply_updates, fused_update
-from ..optim._foreach import is_dtensor, placed_alike
+from ..optim import FusedCache, apply_updates
 from ..optim.buffers import BufferPool
+from ..optim.executor import update_in_place
 from ..state import TrainState
 from ..tree import tree_flatten, tree_unflatten
 from .pieces import StepConfig
 
 __all__ = ["UpdatePiece"]
-
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 class UpdatePiece:
@@ -69,23 +67,16 @@ class UpdatePiece:
         params, opt_state = trainable, state.opt_state
         if not self.donate:
             params, opt_state = self.private_copies(params, opt_state)
-        new_opt_state = None
-        if self.can_fuse(params, grads):
-            new_opt_state = fused_update(
-                self.optimizer,
-                grads,
-                opt_state,
-                params,
-                norm=norm,
-                # A pure step's buffers are recycled only when nothing refers to them.
-                cache=self._fused_cache if self.donate else None,
-                time=state.timestamp,
-            )
-        if new_opt_state is None:  # no fused form: the transforms' own in-place path
-            updates, new_opt_state = self.optimizer.update(
-                grads, opt_state, params, time=state.timestamp, donate=True
-            )
-            params = apply_updates(params, updates, donate=True)
+        params, new_opt_state = update_in_place(
+            self.optimizer,
+            grads,
+            opt_state,
+            params,
+            norm=norm,
+            # A pure step's buffers are recycled only when nothing refers to them.
+            cache=self._fused_cache if self.donate else None,
+            time=state.timestamp,
+        )
         return state.replace(params={**state.params, **params}, opt_state=new_opt_state)
 
     def private_copies(self, params: dict, opt_state: Any) -> tuple[dict, Any]:
@@ -98,20 +89,3 @@ class UpdatePiece:
         for i, copy in zip(slots, copies[len(params) :]):
             leaves[i] = copy
         return dict(zip(params, copies)), tree_unflatten(spec, leaves)
-
-    def can_fuse(self, params: dict, grads: dict) -> bool:
-        """True when the fused executor may run: the optimizer describes itself (`spec`), and
-        every parameter and gradient is a plain tensor or a DTensor placed like its parameter
-        (the kernels are elementwise, so they run on each rank's local pieces without DTensor's
-        per-op dispatch). The executor checks the rest (the composition, dtypes, devices) and
-        declines, touching nothing, when it has no fused form."""
-        if getattr(self.optimizer, "spec", None) is None or not grads:
-            return False
-        for name, grad in grads.items():
-            param = params[name]
-            if is_dtensor(param) or is_dtensor(grad):
-                if not placed_alike(param, grad):
-                    return False
-            elif not (type(param) in _PLAIN_TENSORS and type(grad) in _PLAIN_TENSORS):
-                return False
-        return True

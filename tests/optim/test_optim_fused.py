@@ -627,3 +627,46 @@ def test_the_step_updates_a_bmm_weight_as_the_transforms_do(name, donate):
         ref_params = optim.apply_updates(ref_params, updates)
     assert not torch.equal(ref_params["2.weight"], model[2].weight)  # it trained
     assert torch.allclose(state.params["2.weight"], ref_params["2.weight"], atol=1e-5, rtol=1e-5)
+
+
+# -- the one executor: fused or not is decided inside the optimizer (issue 26.2) ----------------
+
+
+@st.composite
+def any_compositions(draw):
+    """A random composition, fusable or not: one in the recognised form, or one of those with a
+    part that has no fused form (a transform without a spec, a clip by value, accumulation)."""
+    opt = draw(compositions())
+    wrap = draw(st.sampled_from(["none", "no spec", "clip_by_value", "multi_steps"]))
+    if wrap == "no spec":  # the same transform, as a user would write it: no spec
+        return optim.Transform(opt.init, opt.update)
+    if wrap == "clip_by_value":
+        return optim.chain(optim.clip_by_value(0.5), opt)
+    if wrap == "multi_steps":
+        return optim.multi_steps(opt, every_k=2)
+    return opt
+
+
+@settings(max_examples=40, deadline=None)
+@given(opt=any_compositions(), seed=st.integers(0, 2**31 - 1))
+def test_the_executor_equals_update_then_apply_and_fuses_exactly_what_has_a_plan(
+    random_tree, opt, seed
+):
+    params = random_tree(seed)
+    plan = optim.fused_plan(opt, params)
+    ref_params, ref_state = tree_clone(params), opt.init(params)
+    run_params, run_state = tree_clone(params), opt.init(params)
+    for i in range(4):
+        grads = {k: 3 * v for k, v in random_tree(seed + i + 1).items()}
+        time = Timestamp(batch=i)
+        updates, ref_state = opt.update(tree_clone(grads), ref_state, ref_params, time=time)
+        ref_params = optim.apply_updates(ref_params, updates)
+        with OpCounter() as counter:
+            run_params, run_state = optim.update_in_place(
+                opt, tree_clone(grads), run_state, run_params, time=time
+            )
+        fused_ran = bool(FUSED_KERNELS & set(counter.ops))
+        assert fused_ran == (plan is not None and plan.kernel in FUSED_KERNELS), (plan, counter.ops)
+    assert tree_allclose(run_params, ref_params, atol=1e-5, rtol=1e-5)
+    assert tree_flatten(run_state)[1] == tree_flatten(ref_state)[1]
+    assert tree_allclose(run_state, ref_state, atol=1e-5, rtol=1e-5)
