@@ -104,6 +104,37 @@ def run_two_ranks(tmp_path, cases) -> list[dict]:
     return [json.loads((tmp_path / str(rank)).read_text()) for rank in range(2)]
 
 
+COUNTER_CHECK = """
+import torch
+import torch.distributed as dist
+from host_reads import HostReads
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+plain = torch.arange(3)
+with HostReads() as reads:
+    reduced = torch.ones(2)
+    dist.all_reduce(reduced)
+    derived = reduced * 2 + 1
+    plain.tolist(), float(plain[0]), int(plain.sum())  # no collective touched these
+    reduced.tolist(), float(derived[0]), bool(derived.sum() > 0)  # 3 reads
+    copied = torch.empty(2)
+    copied.copy_(reduced)  # written from a collective's result: marked too
+    copied[1].item()  # 1 read
+dist.destroy_process_group()
+print(reads.count, *reads.sites[:1])
+"""
+
+
+def test_the_counter_counts_reads_of_a_collectives_result_and_what_derives_from_it():
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNTER_CHECK], env=ENV, cwd=str(ROOT), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count, site = proc.stdout.split()[:2]
+    assert count == "4" and site.startswith("<string>:"), proc.stdout
+
+
 @pytest.fixture(scope="module")
 def counts(tmp_path_factory):
     """Every (plan, variant) run once on 2 ranks (one pair of processes per plan), cached."""
