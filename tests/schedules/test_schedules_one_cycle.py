@@ -89,7 +89,9 @@ def test_equals_torch_for_any_configuration(
     except ZeroDivisionError:  # torch divides by a zero-length phase; we take its end value
         return
     got = ours(total, max_lr=max_lr, **dict(config))
-    assert got == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    # Annealing to a tiny lr cancels (`(end - start) * pct + start`): torch's value and ours
+    # both carry an absolute error of a few ulps of max_lr, which is what we allow.
+    assert got == pytest.approx(expected, rel=1e-9, abs=max(max_lr, 1.0) * 1e-13)
 
 
 def test_after_the_cycle_the_values_hold_and_bounds_hold():
