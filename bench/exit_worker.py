@@ -26,16 +26,19 @@ def arrange_exit_check(teardown: bool = True) -> None:
     run at risk even when the race did not strike this time."""
     import atexit
 
-    import functrain.parallel.teardown
+    from functrain.parallel import teardown as functrain_teardown
 
     def check() -> None:
-        alive = functrain.parallel.teardown.gloo_worker_threads()
+        alive = functrain_teardown.gloo_worker_threads()
         print(f"{EXIT_CHECK} {'unknown' if alive is None else len(alive)}", flush=True)
 
-    atexit.unregister(functrain.parallel.teardown.exit_hook)
+    # Called before the script makes its process group, so before functrain registers its
+    # exit hook (it does once, when it creates the default group).
     atexit.register(check)  # atexit runs last-registered first: the check runs after teardown
     if teardown:
-        atexit.register(functrain.parallel.teardown.exit_hook)
+        functrain_teardown.register_exit_hook()
+    else:  # the control: functrain's hook never registered (what a run without it does)
+        functrain_teardown.register_exit_hook = lambda: None
 
 
 def run(workload: str, directory: str) -> None:

@@ -15,6 +15,7 @@ Sections:
                           `Module._forward_pre_hooks`
     autograd engine       `torch._C._current_graph_task_id`,       parallel, callbacks, algorithms
                           `_execution_engine.queue_callback`, functorch's interpreter stack
+    aten kernels          `aten._scaled_dot_product_*_attention`   algorithms
     device meshes         `DeviceMesh._flatten`, `_pg_registry`    parallel
     torch bugs            `torch.distributed.nn.functional` binds  parallel (teardown)
                           `group.WORLD` as a default argument
@@ -204,6 +205,27 @@ def functorch_transforms_active() -> bool:
 def under_functorch_grad() -> bool:
     """True when a `torch.func` interpreter is on the stack (its grad has no saved-tensor hooks)."""
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+# --- aten kernels (algorithms) -------------------------------------------------------------
+# Why private: selective activation checkpointing keeps the outputs of the attention kernels
+# that `scaled_dot_product_attention` dispatches to; those kernels are aten ops whose names
+# start with an underscore (torchtitan's policy names the same ones). No public list exists.
+
+_ATTENTION_KERNELS = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
+
+
+def attention_kernel_ops() -> frozenset:
+    """The aten overloads `scaled_dot_product_attention` runs as (those this torch has)."""
+    aten = torch.ops.aten
+    return frozenset(
+        getattr(aten, name).default for name in _ATTENTION_KERNELS if hasattr(aten, name)
+    )
 
 
 # --- device meshes (parallel) --------------------------------------------------------------

@@ -37,8 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import DataLoader, default_collate
 
 INSTALL_COMMAND = (
     'pip install -e ".[streaming]" && pip install --no-deps "mosaicml-streaming==0.13.0"'

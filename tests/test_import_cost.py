@@ -211,3 +211,33 @@ def test_one_process_trains_and_checkpoints_without_importing_dtensor():
         """
     )
     assert out == {"dtensor": False, "step": 3, "layout": True}
+
+
+def test_import_functrain_registers_no_exit_hook_and_changes_nothing_in_torch():
+    """Issue 26.3: importing functrain (and its process-level modules) registers no atexit
+    callback and leaves torch's `torch.distributed.nn.functional` untouched; the exit hook comes
+    once, when functrain creates the default process group."""
+    out = run_fresh(
+        """
+        import atexit
+        import optree  # functrain's pytree library registers its own (C++) exit callbacks
+        import torch
+        import torch.distributed.nn.functional as tdnf
+        defaults = {n: f.__defaults__ for n, f in vars(tdnf).items() if callable(f)
+                    and getattr(f, "__defaults__", None)}
+        before = atexit._ncallbacks()
+        import functrain
+        from functrain import parallel, checkpoint, launch
+        from functrain.parallel import teardown
+        import functrain.step, functrain.loop, functrain._torch
+        after_import = atexit._ncallbacks()
+        same = all(getattr(tdnf, n).__defaults__ is d for n, d in defaults.items())
+        parallel.init_distributed()        # functrain creates the default group: one hook
+        after_init = atexit._ncallbacks()
+        parallel.init_mesh()               # the group exists: no second hook
+        teardown.on_exit(lambda: None)
+        print(json.dumps({"import": after_import - before, "torch_same": same,
+                          "init": after_init - before, "more": atexit._ncallbacks() - before}))
+        """
+    )
+    assert out == {"import": 0, "torch_same": True, "init": 1, "more": 1}

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch.utils import checkpoint as torch_checkpoint
 
+from .. import _torch
 from ..parallel import reshard
 from ..step import Algorithm, StepPieces
 from ..step.model_calls import ModelCalls
@@ -47,14 +48,7 @@ POLICIES = ("full", "selective")
 
 _aten = torch.ops.aten
 MATMUL_OPS = frozenset((_aten.mm.default, _aten.addmm.default, _aten.bmm.default))
-ATTENTION_OPS = frozenset(
-    (
-        _aten._scaled_dot_product_flash_attention.default,
-        _aten._scaled_dot_product_efficient_attention.default,
-        _aten._scaled_dot_product_cudnn_attention.default,
-        _aten._scaled_dot_product_flash_attention_for_cpu.default,
-    )
-)
+ATTENTION_OPS = _torch.attention_kernel_ops()
 
 
 def selective_policy(save_ops: Iterable | None = None) -> Callable:
@@ -175,7 +169,7 @@ def named_real_modules(model: torch.nn.Module, prefix: str = ""):
     """`named_modules()` seeing through stand-ins (another algorithm's, installed first)."""
     model = real_module(model)
     yield prefix, model
-    for name, child in model._modules.items():
+    for name, child in _torch.child_slots(model).items():
         if child is not None:
             yield from named_real_modules(child, f"{prefix}.{name}" if prefix else name)
 
@@ -185,7 +179,7 @@ def parent_of(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
     *path, child = name.split(".")
     parent = real_module(model)
     for part in path:
-        found = parent._modules[part]
+        found = _torch.child_slots(parent)[part]
         if found is None:
             raise ValueError(f"{name!r}: its parent {part!r} is None, not a module")
         parent = real_module(found)
@@ -196,10 +190,11 @@ def wrap_innermost(parent: torch.nn.Module, child: str, make: Callable) -> Calla
     """Put `make(module)` where `parent.<child>` is called, inside any stand-ins already there
     (recomputation runs innermost, so that offloading's hooks stay outside checkpoint's).
     Returns the function that undoes it."""
-    slot = parent._modules[child]
+    children = _torch.child_slots(parent)
+    slot = children[child]
     if not isinstance(slot, StandIn):
-        parent._modules[child] = make(slot)
-        return lambda: parent._modules.__setitem__(child, slot)
+        children[child] = make(slot)
+        return lambda: children.__setitem__(child, slot)
     holder = slot
     while isinstance(holder.inner, StandIn):
         holder = holder.inner
@@ -211,9 +206,10 @@ def wrap_innermost(parent: torch.nn.Module, child: str, make: Callable) -> Calla
 class _Recomputed(StandIn):
     """Calls `inner` under checkpoint (see the module docstring)."""
 
-    def __init__(self, inner: torch.nn.Module, context_fn: Callable | None):
+    def __init__(self, inner: torch.nn.Module, context_fn: Callable | None, inflight=None):
         super().__init__(inner)
         object.__setattr__(self, "make_contexts", context_fn)
+        object.__setattr__(self, "inflight", inflight)  # the step's gathers at use (or None)
 
     def forward(self, *args, **kwargs):
         inner = self.inner
@@ -228,7 +224,7 @@ class _Recomputed(StandIn):
                 inner, *args, use_reentrant=False, context_fn=self.make_contexts, **kwargs
             )
         tensors = _module_tensors(inner)
-        inflight = reshard.active_inflight()
+        inflight = self.inflight
         make_contexts = self.make_contexts
 
         def contexts():
@@ -249,12 +245,13 @@ def _module_tensors(module: torch.nn.Module) -> list[tuple[dict, str, torch.Tens
     as they are now (the tensors `functional_call` or a gather at use installed)."""
     out: list[tuple[dict, str, torch.Tensor, bool]] = []
     for sub in module.modules():
-        for name, tensor in sub._parameters.items():
+        params, buffers = _torch.parameter_slots(sub), _torch.buffer_slots(sub)
+        for name, tensor in params.items():
             if tensor is not None:
-                out.append((sub._parameters, name, tensor, False))
-        for name, buffer in sub._buffers.items():
+                out.append((params, name, tensor, False))
+        for name, buffer in buffers.items():
             if buffer is not None:
-                out.append((sub._buffers, name, buffer, True))
+                out.append((buffers, name, buffer, True))
     return out
 
 
@@ -284,10 +281,13 @@ def recomputing_modules(
         context_fn: `() -> (forward_ctx, recompute_ctx)` (selective checkpointing), or None.
     """
     undo = []
+    inflight = reshard.inflight_of(model)  # handed to this forward by the step (see reshard)
     try:
         for name in names:
             parent, child = parent_of(model, name)
-            undo.append(wrap_innermost(parent, child, lambda m: _Recomputed(m, context_fn)))
+            undo.append(
+                wrap_innermost(parent, child, lambda m: _Recomputed(m, context_fn, inflight))
+            )
         yield
     finally:
         for restore in reversed(undo):
@@ -296,7 +296,7 @@ def recomputing_modules(
 
 def refuse_functorch(name: str) -> None:
     """A clear error under `torch.func.grad` (`make_step(grad_mode="func")`)."""
-    if torch._C._functorch.peek_interpreter_stack() is not None:
+    if _torch.under_functorch_grad():
         raise ValueError(
             f"{name} works through autograd's saved-tensor hooks, which torch.func.grad does "
             "not support; build the step with make_step(..., grad_mode='autograd') (the default)"

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from ..parallel import reshard
 from ..step import Algorithm, StepPieces
 from .activation_checkpointing import (
@@ -43,12 +44,13 @@ from .activation_checkpointing import (
 class _Offloaded(StandIn):
     """Calls `inner` under the offloading hooks (outside any checkpointing stand-in)."""
 
-    def __init__(self, inner: torch.nn.Module, pin_memory: bool):
+    def __init__(self, inner: torch.nn.Module, pin_memory: bool, inflight=None):
         super().__init__(inner)
         object.__setattr__(self, "pin_memory", pin_memory)
+        object.__setattr__(self, "inflight", inflight)  # the step's gathers at use (or None)
 
     def forward(self, *args, **kwargs):
-        with offloading(self.pin_memory):
+        with offloading(self.pin_memory, self.inflight):
             return self.inner(*args, **kwargs)
 
 
@@ -82,13 +84,20 @@ def _unpack(inflight, packed: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def offloading(pin_memory: bool = True) -> Iterator[None]:
-    """While active, tensors autograd saves are kept on the host (see the module docstring)."""
-    inflight = reshard.active_inflight()
+def offloading(pin_memory: bool = True, inflight=None) -> Iterator[None]:
+    """While active, tensors autograd saves are kept on the host (see the module docstring);
+    `inflight` (`reshard.inflight_of(model)`) turns views of gathered parameters into handles."""
     with torch.autograd.graph.saved_tensors_hooks(
         lambda t: _pack(inflight, pin_memory, t), lambda p: _unpack(inflight, p)
     ):
         yield
+
+
+def _module_or(model):
+    try:
+        return module_of(model)
+    except TypeError:
+        return None
 
 
 def activation_offload(
@@ -117,10 +126,12 @@ def activation_offload(
             if not torch.is_grad_enabled():
                 return inner(model, batch)
             refuse_functorch("activation_offload")
-            if whole:
-                with offloading(pin_memory):
+            if whole:  # any model the loss is given; gathers at use where it is the module
+                inflight = reshard.inflight_of(_module_or(model))
+                with offloading(pin_memory, inflight):
                     return inner(model, batch)
             module = module_of(model)
+            inflight = reshard.inflight_of(module)  # handed to this forward by the step
             chosen = chosen_modules(module, matches)
             if not chosen:
                 raise ValueError(
@@ -131,13 +142,14 @@ def activation_offload(
             try:
                 for name in chosen:
                     parent, child = parent_of(module, name)
-                    original = parent._modules[child]
-                    parent._modules[child] = _Offloaded(original, pin_memory)
+                    children = _torch.child_slots(parent)
+                    original = children[child]
+                    children[child] = _Offloaded(original, pin_memory, inflight)
                     swapped.append((parent, child, original))
                 return inner(model, batch)
             finally:
                 for parent, child, original in reversed(swapped):
-                    parent._modules[child] = original
+                    _torch.child_slots(parent)[child] = original
 
         return pieces._replace(loss=loss)
 

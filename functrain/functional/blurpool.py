@@ -21,9 +21,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.utils import _pair
 
 from .module_surgery import check_module, reject_optimizers, replace_modules
+
+
+def _as_pair(value) -> tuple:
+    """`(v, v)` for a number, the value as a tuple otherwise (a conv's stride)."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
 
 
 def binomial_filter_2d(dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -57,7 +61,7 @@ def blur_2d(x: torch.Tensor, stride=1, filter: torch.Tensor | None = None) -> to
     if filter.shape[0] == 1 and channels > 1:
         filter = filter.expand(channels, 1, kh, kw)
     return F.conv2d(
-        x, filter.to(x.dtype), stride=_pair(stride), padding=(kh // 2, kw // 2), groups=channels
+        x, filter.to(x.dtype), stride=_as_pair(stride), padding=(kh // 2, kw // 2), groups=channels
     )
 
 
@@ -192,7 +196,7 @@ def apply_blurpool(
         if (
             replace_convs
             and type(module) is nn.Conv2d
-            and max(_pair(module.stride)) > 1
+            and max(_as_pair(module.stride)) > 1
             and module.in_channels >= min_channels
         ):
             count += 1

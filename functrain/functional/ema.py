@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import _torch
+
 
 def compute_ema(
     model_params: dict[str, torch.Tensor],
@@ -44,7 +46,7 @@ def compute_ema(
     out = {k: model_params[k].detach().clone() for k in model_params if k not in set(names)}
     if names:
         # lerp(ema, model, 1 - s) = s * ema + (1 - s) * model, and exactly `model` at s = 0
-        mixed = torch._foreach_lerp(
+        mixed = _torch.foreach_lerp(
             [ema_params[k] for k in names],
             [model_params[k].detach().to(ema_params[k].dtype) for k in names],
             1.0 - smoothing,

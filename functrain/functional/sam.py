@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _torch
 from .gradient_clipping import global_grad_norm
 
 
@@ -35,7 +36,7 @@ def sam_perturbation(
         return {}
     names = list(grads)
     scale = rho / (global_grad_norm(grads) + epsilon)
-    scaled = torch._foreach_mul([grads[k] for k in names], scale.to(grads[names[0]].device))
+    scaled = _torch.foreach_mul([grads[k] for k in names], scale.to(grads[names[0]].device))
     return dict(zip(names, scaled))
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import _torch
 from . import comm, flat
 
 if TYPE_CHECKING:
@@ -54,9 +55,9 @@ class InFlight:
     def add_reduction(self, work: Any, finish: Callable[[], None]) -> None:
         """Remember a launched reduction; inside a backward pass, finish it when the pass ends."""
         self._reductions.append((work, finish))
-        if not self._callback_queued and torch._C._current_graph_task_id() != -1:
+        if not self._callback_queued and _torch.in_backward_pass():
             self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.wait)
+            _torch.queue_backward_callback(self.wait)
 
     def release(self, key: int) -> None:
         """Free a bucket gathered again in the backward pass (its gradients are being reduced)."""
@@ -156,7 +157,7 @@ def reduce_bucket(
         reduced.div_(world)
         copies = [(r, v) for r, v in zip(results, views) if r is not v]
         if copies:
-            torch._foreach_copy_([r for r, _ in copies], [v for _, v in copies])
+            _torch.foreach_copy_([r for r, _ in copies], [v for _, v in copies])
 
     if bucket.reshard:
         # Gathered at use, a bucket may be gathered (and so reduced) more than once per pass

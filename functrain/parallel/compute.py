@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import _torch
 from .._lazy import dtensor_loaded, is_dtensor
 from . import comm, reshard
 from .collectives import BucketCollective, InFlight, gather_bucket, prefetch, reduce_bucket
@@ -117,7 +118,7 @@ def gather_params(
         # reshard_after_forward: modules gather these at use (not under torch.compile/torch.func,
         # whose tracing the module hooks would not survive: there, gather once as usual)
         at_use = any(b.reshard for b in buckets) and not (
-            torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            torch.compiler.is_compiling() or _torch.functorch_transforms_active()
         )
     pieces_of = [_local_pieces(bucket, params) for bucket in buckets]
     prefetched = []

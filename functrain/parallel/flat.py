@@ -22,6 +22,8 @@ import enum
 
 import torch
 
+from .. import _torch
+
 
 def shard_extent(size: int, n: int, rank: int) -> tuple[int, int]:
     """`(length, offset)` of `rank`'s chunk of a dim of `size` cut over `n` ranks (DTensor's rule)."""
@@ -179,7 +181,7 @@ def pack_shards(bucket: Bucket, locals_: list[torch.Tensor], out: torch.Tensor) 
         .narrow(s.dim, 0, s.local_shape[s.dim])
         for s in bucket.slots
     ]
-    torch._foreach_copy_(dests, locals_)
+    _torch.foreach_copy_(dests, locals_)
     return out
 
 
@@ -206,7 +208,7 @@ def pack_grads(bucket: Bucket, grads: list[torch.Tensor], out: torch.Tensor) -> 
     """
     if not bucket.sharded:
         dests = [out[s.offset : s.offset + s.numel].view(s.compute_shape) for s in bucket.slots]
-        torch._foreach_copy_(dests, grads)
+        _torch.foreach_copy_(dests, grads)
         return out
     rows = out.view(bucket.n, bucket.segment)
     dests, srcs = [], []
@@ -221,7 +223,7 @@ def pack_grads(bucket: Bucket, grads: list[torch.Tensor], out: torch.Tensor) -> 
             .movedim(0, s.dim)
         )
         srcs.append(grad.reshape(s.split_shape))
-    torch._foreach_copy_(dests, srcs)
+    _torch.foreach_copy_(dests, srcs)
     return out
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from .. import _torch
 from . import teardown
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
@@ -92,7 +93,7 @@ def init_distributed(
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     # Imported first on purpose: imported after the default group exists, this module captures
     # it in default arguments, and a group that cannot be freed keeps its gloo threads alive
-    # into interpreter exit (see functrain/teardown.py).
+    # into interpreter exit (see `functrain._torch.release_world_defaults`).
     importlib.import_module("torch.distributed.nn.functional")
 
     if init_method is not None:
@@ -109,8 +110,9 @@ def init_distributed(
     else:
         store = dist.HashStore()  # one process: nothing to rendezvous with
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
-    # At exit functrain.parallel.teardown destroys the groups and joins gloo's threads (a rank that
-    # exits with them alive can abort).
+    # functrain made the default group, so it tears it down: at exit the groups are destroyed
+    # and gloo's threads joined (a rank that exits with them alive can abort).
+    teardown.register_exit_hook()
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -195,6 +197,7 @@ def init_mesh(
     shape = _resolve_sizes(world, dp_replicate, dp_shard, tp)
     mesh = init_device_mesh(device_type or default_device_type(), shape, mesh_dim_names=MESH_DIMS)
     dp_group(mesh)  # made now: creating a group is collective, so every rank must take part
+    teardown.release_at_exit(mesh)  # its groups are freed at exit even if the mesh lives on
     return mesh
 
 
@@ -238,14 +241,24 @@ def dp_rank(mesh: DeviceMesh) -> int:
 
 
 def dp_group(mesh: DeviceMesh):
-    """One process group over both data-parallel dims.
+    """One process group over both data-parallel dims (see `dp_mesh`)."""
+    return dp_mesh(mesh).get_group()
+
+
+def dim_mesh(mesh: DeviceMesh, name: str) -> DeviceMesh:
+    """The 1-D mesh of the named dim (this rank's slice): its `get_group()` is `dim_group`'s."""
+    return mesh[name]
+
+
+def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D mesh over both data-parallel dims.
 
     For HSDP the two dims are flattened into one mesh dim; the mesh itself keeps the flattened
     mesh (torch caches it on the root mesh), so only the first call creates a group, and that
     first call is collective: `init_mesh` makes it on every rank.
     """
     if dim_size(mesh, "dp_replicate") == 1:
-        return dim_group(mesh, "dp_shard")
+        return dim_mesh(mesh, "dp_shard")
     if dim_size(mesh, "dp_shard") == 1:
-        return dim_group(mesh, "dp_replicate")
-    return mesh[DP_DIMS]._flatten("dp").get_group()
+        return dim_mesh(mesh, "dp_replicate")
+    return _torch.flatten_mesh(mesh[DP_DIMS], "dp")

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import _torch
 from .comm import COUNTER
 
 if TYPE_CHECKING:
@@ -88,11 +89,7 @@ def dtensor_on(local: torch.Tensor, mesh, placements, shape, stride) -> DTensor:
         return DTensor.from_local(
             local, mesh, placements, run_check=False, shape=shape, stride=stride
         )
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-
-    meta = TensorMeta(torch.Size(shape), tuple(stride), local.dtype)
-    spec = DTensorSpec(mesh, tuple(placements), tensor_meta=meta)
-    return DTensor(local, spec, requires_grad=local.requires_grad)
+    return _torch.dtensor_from_spec(local, mesh, placements, shape, stride)
 
 
 def _offloaded_dtensors(tree: dict[str, Any], layout: Layout):
@@ -122,7 +119,7 @@ def to_compute(params: dict[str, Any], layout: Layout | None) -> dict[str, Any]:
     device = compute_device(layout.mesh)
     out = dict(params)
     for name, value, _ in _offloaded_dtensors(params, layout):
-        local = value._local_tensor
+        local = _torch.local_tensor(value)
         piece = torch.empty(local.shape, dtype=local.dtype, device=device)
         piece.copy_(local.detach(), non_blocking=local.is_pinned())
         COUNTER.record("host_to_device", local.numel() * local.element_size(), 1)
@@ -150,7 +147,7 @@ def grads_to_host(grads: dict[str, Any], layout: Layout | None) -> dict[str, Any
     out = dict(grads)
     waits = False
     for name, grad, policy in _offloaded_dtensors(grads, layout):
-        local = grad._local_tensor.detach()
+        local = _torch.local_tensor(grad).detach()
         pin = pinnable and policy.pin_memory
         host = host_copy(local, pin)
         waits = waits or (pin and local.device.type == "cuda")

@@ -9,7 +9,7 @@ when autograd needs them, so a rank holds the whole parameters of about one modu
     gather_params(leaves, layout, inflight)
                                  sharded params stay as their local pieces ("placeholders"),
                                  recorded in the step's `InFlight`
-    with gathering_at_use(inflight):
+    with gathering_at_use(inflight, model):
         loss = model(batch)      a module's forward pre-hook swaps its placeholders for gathered
                                  whole tensors; its forward hook swaps them back; tensors that
                                  autograd saves from them are stored as handles, not copies
@@ -33,10 +33,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from .. import _torch
 from .collectives import BucketCollective, InFlight, gather_detached, prefetch
 
 if TYPE_CHECKING:
     from .layout import Layout
+
+BOUND_ATTRIBUTE = "_functrain_inflight"  # on the root module, while one forward runs
 
 
 class _Saved(NamedTuple):
@@ -65,16 +68,19 @@ def register(
 
 
 @contextlib.contextmanager
-def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
+def gathering_at_use(
+    inflight: InFlight | None, model: torch.nn.Module | None = None
+) -> Iterator[None]:
     """While active, modules gather the placeholder parameters recorded in `inflight` when they
-    are called (see the module docstring). A no-op when there are none (no plan with
-    reshard_after_forward, or None)."""
+    are called (see the module docstring), and `inflight_of(model)` is `inflight`. A no-op when
+    there are none (no plan with reshard_after_forward, or None)."""
     if inflight is None or not inflight.placeholders:
         yield
         return
 
     try:
         with (
+            bound_to(model, inflight),
             gathering_modules(inflight),
             # a partial, not a closure: it runs for every saved tensor
             torch.autograd.graph.saved_tensors_hooks(
@@ -94,17 +100,40 @@ def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
         inflight.restore.clear()
 
 
-def active_inflight() -> InFlight | None:
-    """The `InFlight` of the innermost active `gathering_at_use`, or None.
+@contextlib.contextmanager
+def bound_to(model: torch.nn.Module | None, inflight: InFlight) -> Iterator[None]:
+    """While active, `inflight_of(model)` is `inflight` (None: a no-op).
 
-    Read from the module hooks that context installed (torch's own registry), so activation
-    checkpointing can gather again when it recomputes a module in the backward pass, after the
-    context has closed.
+    How an algorithm that wraps the loss (activation checkpointing, offloading) reaches the
+    step's gathers at use: through the model the loss is handed, for the length of one forward,
+    and not through any registry. The entry lives in the module's `__dict__` under
+    `BOUND_ATTRIBUTE` and is removed (the previous one put back) when the block ends.
     """
-    for hook in reversed(list(torch.nn.modules.module._global_forward_pre_hooks.values())):
-        if isinstance(hook, functools.partial) and hook.func is _before_module:
-            return hook.args[0]
-    return None
+    if model is None:
+        yield
+        return
+    slots = vars(model)
+    missing = object()
+    previous = slots.get(BOUND_ATTRIBUTE, missing)
+    slots[BOUND_ATTRIBUTE] = inflight
+    try:
+        yield
+    finally:
+        if previous is missing:
+            slots.pop(BOUND_ATTRIBUTE, None)
+        else:
+            slots[BOUND_ATTRIBUTE] = previous
+
+
+def inflight_of(model: Any) -> InFlight | None:
+    """The `InFlight` whose placeholders `model`'s modules gather at use in the forward running
+    now (see `bound_to`), or None (no such forward, or no reshard_after_forward).
+
+    Example:
+        >>> inflight = inflight_of(module)      # in a loss wrapper; keep it for the backward
+    """
+    slots = getattr(model, "__dict__", None)
+    return None if slots is None else slots.get(BOUND_ATTRIBUTE)
 
 
 @contextlib.contextmanager
@@ -147,7 +176,7 @@ def _before_module(inflight: InFlight, module: torch.nn.Module, args: Any = None
     placeholders = inflight.placeholders
     found = [
         (name, placeholders[id(value)])
-        for name, value in module._parameters.items()
+        for name, value in _torch.parameter_slots(module).items()
         if value is not None and id(value) in placeholders
     ]
     if not found:
@@ -159,17 +188,19 @@ def _before_module(inflight: InFlight, module: torch.nn.Module, args: Any = None
         if key not in wholes:
             wholes[key] = _gather(inflight, bucket, layout, pieces)
     swapped = []
+    slots = _torch.parameter_slots(module)
     for name, (_, _, pieces, index) in found:
-        swapped.append((name, module._parameters[name]))
-        module._parameters[name] = wholes[id(pieces[0])][index]
+        swapped.append((name, slots[name]))
+        slots[name] = wholes[id(pieces[0])][index]
     inflight.restore.setdefault(id(module), []).append(swapped)
 
 
 def _after_module(inflight: InFlight, module: torch.nn.Module, args: Any, output: Any) -> None:
     stack = inflight.restore.get(id(module))
     if stack:
+        slots = _torch.parameter_slots(module)
         for name, placeholder in stack.pop():
-            module._parameters[name] = placeholder
+            slots[name] = placeholder
 
 
 def _gather(inflight: InFlight, bucket, layout, pieces: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -8,7 +8,8 @@ never meet:
   (FSDP2's `cast_forward_inputs`), since the gathered parameters are in that dtype;
 - tensor parallelism: the styled Linear layers run their parallel forward (`tensor_parallel`);
 - gathering at use: with `reshard_after_forward`, modules gather their parameters when called
-  (`reshard`, from the placeholders recorded in `inflight`).
+  (`reshard`, from the placeholders recorded in `inflight`), and `reshard.inflight_of(model)`
+  hands `inflight` to the algorithms that wrap the loss.
 
 Under `torch.compile` the first two are installed outside the compiled region (by
 `compile_step`); inside, `running` finds them installed and adds nothing, so the graph does not
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from . import tensor_parallel
 from .collectives import InFlight
 from .layout import Layout
@@ -57,7 +59,7 @@ def casting_inputs(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterato
     """While active, `model`'s floating-point inputs are cast to `dtype` (None: no cast)."""
     installed = any(
         isinstance(hook, _InputCast) and hook.dtype == dtype
-        for hook in model._forward_pre_hooks.values()
+        for hook in _torch.forward_pre_hooks(model)
     )
     if dtype is None or installed:
         yield
@@ -94,5 +96,5 @@ def running(
         styles = dict(layout.tp_styles)
         if styles and not _tp_installed(model, styles):
             stack.enter_context(tensor_parallel.parallel_forwards(model, styles, layout.tp_group))
-        stack.enter_context(gathering_at_use(inflight))
+        stack.enter_context(gathering_at_use(inflight, model))
         yield

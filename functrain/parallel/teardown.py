@@ -9,20 +9,25 @@ finalization, taking the GIL ends the worker with `pthread_exit`, whose unwindin
 one run in four with a plain `init_process_group` + `all_reduce` and no `destroy_process_group`
 (on an idle machine; less often on a busy one).
 Destroying a group joins its workers (its destructor releases the GIL), but only once nothing
-holds the group any more, and several things do: every `DeviceMesh` (its `_pg_registry`),
-functrain's own caches and checkpoint managers, and `torch.distributed.nn.functional`, whose
-default arguments capture the default group when that module is first imported after
-`init_process_group` (DTensor's constructor imports it through `torch._dynamo`).
+holds the group any more, and several things do: every `DeviceMesh` (its group registry),
+checkpoint managers, and `torch.distributed.nn.functional`, whose default arguments capture the
+default group when that module is first imported after `init_process_group` (see
+`functrain._torch`, which holds the workaround).
 
-`shutdown()` (run at exit by `exit_hook`, which importing this module registers with atexit; safe
-to call early and twice) therefore, in this order:
+When: importing functrain registers nothing. `exit_hook` is registered with atexit once, when
+functrain itself creates the default process group (`parallel.mesh.init_distributed`) or when
+something asks to run at exit (`on_exit`); a mesh functrain makes or lays a state out on is
+remembered (weakly) with `release_at_exit`, so no heap walk is needed to find it.
+
+`shutdown()` (run at exit by `exit_hook`; safe to call early and twice) therefore, in this order:
 
 1. runs the exit callbacks functrain registered (`on_exit`: checkpoint managers wait for the save
    in flight, stop their writer thread and destroy their own group);
 2. destroys every process group (sub-groups first, then the default group; the store goes with
    them);
-3. drops the references torch itself keeps (mesh registries, the captured defaults) and collects
-   garbage, so each group's destructor joins its worker threads;
+3. drops the references torch itself keeps (the registries of the meshes given to
+   `release_at_exit`, the captured defaults) and collects garbage, so each group's destructor
+   joins its worker threads;
 4. if gloo workers still live (a group the user still holds), waits with the GIL released until
    they are idle (bounded), so none is mid-release when finalization starts.
 
@@ -32,7 +37,7 @@ line saying what it waited for and ends the process with the run's exit code (1 
 
 Example:
     >>> import functrain.parallel as fdist
-    >>> fdist.init_mesh()          # nothing else to call: the exit hook tears it down
+    >>> fdist.init_mesh()          # registers the exit hook: nothing else to call
     >>> fdist.shutdown()           # or explicitly, e.g. before the process does other work
 """
 
@@ -46,8 +51,17 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["exit_hook", "gloo_worker_threads", "on_exit", "set_exit_code", "shutdown"]
+__all__ = [
+    "exit_hook",
+    "gloo_worker_threads",
+    "on_exit",
+    "register_exit_hook",
+    "release_at_exit",
+    "set_exit_code",
+    "shutdown",
+]
 
 # torch names each gloo worker thread so (c10::setThreadName in ProcessGroupGloo).
 _GLOO_WORKER_NAME = "pt_gloo_runloop"
@@ -55,10 +69,38 @@ _EXIT_TIMEOUT_ENV = "FUNCTRAIN_EXIT_TIMEOUT"
 _QUIESCE_S = 2.0
 
 # Process-level teardown bookkeeping (what atexit itself is): callbacks for objects functrain
-# made, held weakly for bound methods so registering never keeps an object alive.
+# made, held weakly for bound methods so registering never keeps an object alive; the meshes
+# whose group registries to empty, held weakly; whether `exit_hook` is registered.
 _callbacks: list[Callable[[], Callable[[], None] | None]] = []
+_meshes: list[weakref.ref] = []
 _exit_code: list[int] = []
+_hook_registered: list[bool] = []
 _lock = threading.Lock()
+
+
+def register_exit_hook() -> None:
+    """Register `exit_hook` with atexit, once per process (later calls do nothing).
+
+    Called when functrain creates the default process group and by `on_exit`.
+    """
+    with _lock:
+        if _hook_registered:
+            return
+        _hook_registered.append(True)
+    atexit.register(exit_hook)
+
+
+def release_at_exit(mesh: Any) -> None:
+    """Empty `mesh`'s process-group registry at teardown, once its groups are destroyed (a
+    mesh still referenced at exit would keep them, and their gloo threads, alive). Held weakly.
+
+    Example:
+        >>> release_at_exit(init_device_mesh("cpu", (2,)))
+    """
+    with _lock:
+        _meshes[:] = [ref for ref in _meshes if ref() is not None]
+        if not any(ref() is mesh for ref in _meshes):
+            _meshes.append(weakref.ref(mesh))
 
 
 def on_exit(callback: Callable[[], None]) -> None:
@@ -78,6 +120,7 @@ def on_exit(callback: Callable[[], None]) -> None:
         ref = lambda: callback  # noqa: E731 - a plain function: a strong reference is fine
     with _lock:
         _callbacks.append(ref)
+    register_exit_hook()
 
 
 def set_exit_code(code: int) -> None:
@@ -167,50 +210,25 @@ def _release_torch_references() -> None:
 
     Each step runs only while gloo workers remain: a freed group has joined its workers.
     """
-    for release in (_clear_captured_defaults, _clear_mesh_registries, gc.collect):
+    from .. import _torch
+
+    for release in (_torch.release_world_defaults, _release_meshes, gc.collect):
         if gloo_worker_threads() == []:
             return
         release()
 
 
-def _clear_captured_defaults() -> None:
-    """`torch.distributed.nn.functional` binds `group.WORLD` as a default argument at import;
-    imported after `init_process_group` it pins the default group forever (a torch bug). The
-    groups are destroyed by now, so None (the default group) is the right default again."""
-    module = sys.modules.get("torch.distributed.nn.functional")
-    if module is None:
-        return
-    from torch.distributed import ProcessGroup
+def _release_meshes() -> None:
+    """Empty the group registry of every mesh given to `release_at_exit` that still lives
+    (meshes are unusable once their groups are destroyed; a child mesh shares its root's)."""
+    with _lock:
+        meshes = [ref() for ref in _meshes]
+        _meshes.clear()
+    from .. import _torch
 
-    for value in list(vars(module).values()):
-        defaults = getattr(value, "__defaults__", None)
-        if defaults and any(ProcessGroup in type(d).__mro__ for d in defaults):
-            value.__defaults__ = tuple(
-                None if ProcessGroup in type(d).__mro__ else d for d in defaults
-            )
-
-
-def _clear_mesh_registries() -> None:
-    """Empty every live DeviceMesh's group registry (meshes are unusable once their groups are
-    destroyed; a child mesh shares its root's registry) and the groups a live `Layout` keeps
-    (a state still referenced at exit holds its layout). A heap walk, so only done when needed."""
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
-    except ImportError:
-        return
-    layout_module = sys.modules.get("functrain.parallel.layout")
-    layout_type = getattr(layout_module, "Layout", None)
-    for obj in gc.get_objects():
-        # The MRO test, not isinstance: DeviceMesh's metaclass runs Python per check.
-        mro = type(obj).__mro__
-        if DeviceMesh in mro:
-            registry = getattr(obj, "_pg_registry", None)
-            if isinstance(registry, dict):
-                registry.clear()
-        elif layout_type is not None and layout_type in mro:
-            groups = getattr(obj, "_groups", None)
-            if isinstance(groups, dict):
-                groups.clear()  # the layout is unusable now, as its mesh is
+    for mesh in meshes:
+        if mesh is not None:
+            _torch.release_mesh_groups(mesh)
 
 
 def _quiesce_gloo_workers(limit_s: float) -> None:
@@ -302,6 +320,3 @@ def _name(callback) -> str:
     owner = getattr(callback, "__self__", None)
     name = getattr(callback, "__qualname__", repr(callback))
     return f"{type(owner).__name__}.{callback.__name__}" if owner is not None else name
-
-
-atexit.register(exit_hook)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from ..optim._foreach import is_dtensor
 from . import precision as precision_lib
 
@@ -60,7 +61,7 @@ def check_opt_state(opt_state: Any, params: Mapping[str, torch.Tensor], layout: 
 
 
 def _local_device(tensor: torch.Tensor) -> torch.device:
-    return tensor._local_tensor.device if is_dtensor(tensor) else tensor.device
+    return _torch.local_tensor(tensor).device if is_dtensor(tensor) else tensor.device
 
 
 def _check_offloaded_params(params: Mapping[str, torch.Tensor], layout: Any, problems) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from .. import _torch
 from ..optim._foreach import is_dtensor
 from ..parallel import InFlight, data_parallel_info
 from ..parallel import compute as parallel_compute
@@ -125,7 +126,8 @@ class GradsPiece:
             except AttributeError:
                 slots = None
                 break
-            slot = owner._parameters if key in owner._parameters else owner._buffers
+            params = _torch.parameter_slots(owner)
+            slot = params if key in params else _torch.buffer_slots(owner)
             if key not in slot or slot[key] is None:
                 slots = None
                 break
@@ -280,7 +282,7 @@ class GradsPiece:
 
             grads, out = torch.func.grad(with_aux, has_aux=True)(leaves)
             grads = list(grads.values())
-            total = grads if total is None else torch._foreach_add(total, grads)
+            total = grads if total is None else _torch.foreach_add(total, grads)
             outs.append(out)
         return total, outs
 

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _torch
 from .guards import all_finite
 from .pieces import Algorithm, StepPieces
 
@@ -130,7 +131,7 @@ def loss_scaling(
             result = inner_grads(all_pieces._replace(loss=scaled_loss), state, batch)
             return result._replace(
                 grads=dict(
-                    zip(result.grads, torch._foreach_div(list(result.grads.values()), scale))
+                    zip(result.grads, _torch.foreach_div(list(result.grads.values()), scale))
                 ),
                 loss=result.loss / scale,
             )
