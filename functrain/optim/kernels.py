@@ -26,11 +26,10 @@ from typing import Any
 import torch
 
 from .. import _torch
-from ._foreach import hyperparam_value
 from .adam import ScaleByAdamState, ScaleByAmsgradState
 from .base import global_norm
 from .lion import ScaleByLionState
-from .scale import DecoupledWeightDecayState, ScaleByLearningRateState
+from .scale import next_decay_state, next_lr_state
 from .sgd import TraceState
 from .spec import AdamSpec, DecoupledWeightDecaySpec, LionSpec, MomentumSpec, ScaleSpec
 
@@ -53,13 +52,11 @@ def run_recipe(
             multiplier *= leaf.spec.factor
             new_states[id(leaf)] = leaf.state
         else:
-            value = hyperparam_value(leaf.spec.lr, leaf.state.count, extra, "lr")
-            multiplier *= leaf.spec.sign * value
-            new_states[id(leaf)] = ScaleByLearningRateState(leaf.state.count + 1, value)
+            new_states[id(leaf)] = next_lr_state(leaf.spec.lr, leaf.state, extra)
+            multiplier *= leaf.spec.sign * new_states[id(leaf)].lr
     for leaf in [recipe.decay, *recipe.inert]:
         if leaf is not None and isinstance(leaf.spec, DecoupledWeightDecaySpec):
-            factor = _decoupled_factor(leaf.spec, leaf.state.count, extra)
-            new_states[id(leaf)] = DecoupledWeightDecayState(leaf.state.count + 1, factor)
+            new_states[id(leaf)] = next_decay_state(leaf.spec.lr, leaf.spec.base, leaf.state, extra)
         elif leaf is not None:
             new_states[id(leaf)] = leaf.state
     grad_scale: torch.Tensor | None = None
@@ -116,10 +113,6 @@ def run_recipe(
         else:
             new_states[id(core)] = TraceState(count, core.state.momentum)
     return [new_states[id(leaf)] for leaf in recipe.leaves]
-
-
-def _decoupled_factor(spec: DecoupledWeightDecaySpec, count: int, extra) -> float:
-    return hyperparam_value(spec.lr, count, extra) / spec.base if spec.base else 1.0
 
 
 def _kernel(name: str) -> Any:

@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -88,12 +88,26 @@ def scale_by_learning_rate(lr: ScalarOrSchedule, *, flip_sign: bool = True) -> T
     @torch.no_grad()
     def update(grads, state, params=None, **extra):
         del params
-        value = hyperparam_value(lr, state.count, extra, "lr")
+        new_state = next_lr_state(lr, state, extra)
         leaves, spec = flatten(grads)
-        out = foreach_op("mul", leaves, sign * value, inplace=donating(extra))
-        return tree_unflatten(spec, out), ScaleByLearningRateState(state.count + 1, value)
+        out = foreach_op("mul", leaves, sign * new_state.lr, inplace=donating(extra))
+        return tree_unflatten(spec, out), new_state
 
     return Transform(init, update, LearningRateSpec(lr, sign))
+
+
+def next_lr_state(
+    lr: ScalarOrSchedule, state: ScaleByLearningRateState, extra: Mapping[str, Any]
+) -> ScaleByLearningRateState:
+    """`scale_by_learning_rate`'s state transition: this update's lr (a schedule evaluated at
+    `extra["time"]`, else at the count) and the count advanced. Written once, for both the
+    transform's `update` and the fused kernels (`functrain.optim.kernels`).
+
+    Example:
+        >>> next_lr_state(0.1, ScaleByLearningRateState(0, 0.1), {})
+        ScaleByLearningRateState(count=1, lr=0.1)
+    """
+    return ScaleByLearningRateState(state.count + 1, hyperparam_value(lr, state.count, extra, "lr"))
 
 
 def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
@@ -158,9 +172,6 @@ def add_decoupled_weight_decay(
     weight_decay = float(weight_decay)
     base = _initial_lr(lr, initial_lr)
 
-    def factor_at(count, extra):
-        return hyperparam_value(lr, count, extra, "lr") / base if base else 1.0
-
     def init(params):
         del params
         # start_value: a warm-up in epochs or "dur" resolves without the run's horizon at t=0.
@@ -168,8 +179,8 @@ def add_decoupled_weight_decay(
 
     @torch.no_grad()
     def update(grads, state, params=None, **extra):
-        factor = factor_at(state.count, extra)
-        new_state = DecoupledWeightDecayState(state.count + 1, factor)
+        new_state = next_decay_state(lr, base, state, extra)
+        factor = new_state.factor
         if weight_decay == 0.0:
             return grads, new_state
         leaves, spec = flatten(grads)
@@ -178,6 +189,21 @@ def add_decoupled_weight_decay(
         return tree_unflatten(spec, out), new_state
 
     return Transform(init, update, DecoupledWeightDecaySpec(weight_decay, lr, base))
+
+
+def next_decay_state(
+    lr: ScalarOrSchedule, base: float, state: DecoupledWeightDecayState, extra: Mapping[str, Any]
+) -> DecoupledWeightDecayState:
+    """`add_decoupled_weight_decay`'s state transition: this update's `lr_t / base` (1 when
+    `base` is 0, as in Composer) and the count advanced. Written once, for both the transform's
+    `update` and the fused kernels.
+
+    Example:
+        >>> next_decay_state(0.05, 0.1, DecoupledWeightDecayState(0, 1.0), {})
+        DecoupledWeightDecayState(count=1, factor=0.5)
+    """
+    factor = hyperparam_value(lr, state.count, extra, "lr") / base if base else 1.0
+    return DecoupledWeightDecayState(state.count + 1, factor)
 
 
 def base_lr(lr: ScalarOrSchedule) -> float | None:
