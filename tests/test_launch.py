@@ -495,3 +495,42 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_both_and_names_no_failure(tmp_path):
+    script = tmp_path / "fit_stop.py"
+    script.write_text(FIT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "functrain.launch", "-n", "2", str(script), str(tmp_path / "c"), "exit75"],
+        env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    err = []
+    drain = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    drain.start()
+    pids, out = {}, []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if "pid " in line:
+                rank, pid = line.split("pid ", 1)[1].split()
+                pids[int(rank)] = int(pid)
+            if len(pids) == 2 and "beat " in line and int(line.rsplit(" ", 1)[1]) >= 3:
+                break
+        assert len(pids) == 2, "".join(out + err)
+        os.kill(pids[1], signal.SIGTERM)  # a scheduler preempting one process
+        out.extend(proc.stdout)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        drain.join(timeout=60)
+        proc.stdout.close()
+        proc.stderr.close()
+    stderr = "".join(err)
+    last = _last_line(stderr)
+    assert last.startswith("functrain.launch: stopped by SIGTERM (sent to the ranks); all 2 "), last
+    assert "failed" not in last
+    assert proc.returncode == 75
+    steps = {line.rsplit(" ", 1)[1] for line in "".join(out).splitlines() if "fit returned" in line}
+    assert len(steps) == 1  # both ranks stopped at the same boundary
