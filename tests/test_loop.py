@@ -412,8 +412,10 @@ def test_a_stop_on_one_rank_stops_every_rank(tmp_path):
     ]
     for proc in procs:
         assert proc.wait(timeout=120) == 0
-    # both stopped after batch 3 (no functrain mesh here, so each rank loads whole batches of 8)
-    assert [(tmp_path / str(r)).read_text() for r in range(2)] == ["3 24", "3 24"]
+    # Both stopped at the same batch (no functrain mesh here, so each rank loads whole batches of
+    # 8): the request of batch 3 travels in the agreement started at batch 4 (the cadence's second,
+    # FIRST_PERIOD batches after FIT_START's) and read at batch 5, after its step was dispatched.
+    assert [(tmp_path / str(r)).read_text() for r in range(2)] == ["5 40", "5 40"]
 
 
 # -- preemption with real checkpoints (subprocesses) -----------------------------------------
