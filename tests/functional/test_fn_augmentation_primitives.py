@@ -134,6 +134,23 @@ def test_float_images_keep_the_exact_interpolation():
     )
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    matrix=st.tuples(
+        *[st.floats(-1.5, 1.5)] * 2, st.floats(-4, 4), *[st.floats(-1.5, 1.5)] * 2, st.floats(-4, 4)
+    ),  # fmt: skip
+)
+def test_uint8_affine_is_the_float_interpolation_truncated(seed, matrix):
+    # Law: on uint8 images `affine` is PIL's cast of the exact interpolation on the levels
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (2, 3, 5, 7), generator=gen, dtype=torch.uint8)
+    m = torch.tensor([matrix, matrix], dtype=torch.float64)
+    levels = ap.affine(images.double(), m)
+    assert levels.min() >= 0 and levels.max() <= 255
+    assert torch.equal(ap.affine(images, m), levels.trunc().to(torch.uint8))
+
+
 def test_a_constant_image_rotated_slightly_is_never_blended_with_black():
     import numpy as np
 

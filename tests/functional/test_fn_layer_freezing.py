@@ -5,7 +5,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functrain.functional.layer_freezing import freeze_fraction, frozen_names, layers_of
+from functrain.functional.layer_freezing import (
+    freeze_fraction,
+    frozen_names,
+    layers_of,
+    module_layers,
+)
 
 NAMES = ["stem.weight", "stem.bias", "a.0.weight", "a.1.weight", "a.1.bias", "head.weight"]
 
@@ -108,3 +113,42 @@ def test_freeze_layers_counts_leaf_modules_only_as_composer_does():
     # a model that is one leaf module is one layer (its own parameters), never frozen
     assert layers_of(["weight", "bias"]) == [["weight", "bias"]]
     assert freeze_layers(torch.nn.Linear(2, 2), None, 1.0) == (0, 1.0)
+
+
+def _tree(draw_spec):
+    """A module tree from a nested spec: an int is a Linear leaf, a list a container, and a
+    container marked with a leading "p" owns a parameter of its own (like a cls_token)."""
+    if isinstance(draw_spec, int):
+        return torch.nn.Linear(draw_spec, 2)
+    module = torch.nn.Module()
+    items = list(draw_spec)
+    if items and items[0] == "p":
+        module.token = torch.nn.Parameter(torch.zeros(2))
+        items = items[1:]
+    for i, item in enumerate(items):
+        module.add_module(f"m{i}", _tree(item))
+    return module
+
+
+_SPECS = st.recursive(
+    st.integers(1, 3),
+    lambda children: (
+        st.lists(children, min_size=1, max_size=3).map(lambda xs: ["p", *xs])
+        | st.lists(children, min_size=1, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=_SPECS)
+def test_layers_from_names_equal_composers_leaf_modules(spec):
+    # Law: when every leaf owns parameters, the names alone give Composer's layers, and a
+    # container's own parameter is in none of them.
+    model = _tree(spec)
+    names = [n for n, _ in model.named_parameters()]
+    layers = module_layers(model)
+    assert layers_of(names) == layers
+    in_layers = {n for layer in layers for n in layer}
+    assert not any(n.endswith("token") for n in in_layers)
+    assert in_layers == {n for n in names if not n.endswith("token")}
