@@ -23,7 +23,15 @@ from .adam import (
     decoupled_adamw,
     scale_by_adam,
 )
-from .base import EmptyState, Transform, apply_updates, chain, global_norm, identity
+from .base import (
+    EmptyState,
+    Transform,
+    apply_updates,
+    chain,
+    differentiable,
+    global_norm,
+    identity,
+)
 from .clipping import adaptive_grad_clip, clip_by_global_norm, clip_by_value, unitwise_norm
 from .executor import update_in_place
 from .fused import FusedCache, FusedPlan, fused_plan, fused_update, why_not_fused
@@ -53,6 +61,7 @@ __all__ = [
     "inject_hyperparams",
     "current_lr",
     "global_norm",
+    "differentiable",
     # the executor: fused kernels or the transforms' update, decided in one place
     "update_in_place",
     "FusedCache",

@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -120,8 +122,38 @@ def zeros_like(xs: list[torch.Tensor], *, inplace: bool = False) -> list[torch.T
 
 
 def donating(extra: Mapping[str, Any]) -> bool:
-    """True when the caller lets transforms overwrite grads and their own state (`donate=True`)."""
-    return bool(extra.get("donate", False))
+    """True when the caller lets transforms overwrite grads and their own state (`donate=True`);
+    never for a differentiable update, whose inputs autograd may still need."""
+    return bool(extra.get("donate", False)) and not differentiating(extra)
+
+
+def differentiating(extra: Mapping[str, Any]) -> bool:
+    """True for a differentiable update (`functrain.optim.differentiable`): every op out of
+    place and recorded by autograd, so gradients flow through the update."""
+    return bool(extra.get("differentiable", False))
+
+
+def owns_temporaries(extra: Mapping[str, Any]) -> bool:
+    """True when a transform may work in place on the fresh tensors it made itself: always,
+    except in a differentiable update (autograd may need a temporary's value for the backward)."""
+    return not differentiating(extra)
+
+
+def grad_mode(extra: Mapping[str, Any]) -> Any:
+    """The autograd mode an update runs its math in: no_grad, or, for a differentiable update,
+    the caller's own mode."""
+    return contextlib.nullcontext() if differentiating(extra) else torch.no_grad()
+
+
+def update_math(update: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a transform's `update`: its math runs under `grad_mode(extra)`."""
+
+    @functools.wraps(update)
+    def run(grads: Any, state: Any, params: Any = None, **extra: Any) -> Any:
+        with grad_mode(extra):
+            return update(grads, state, params, **extra)
+
+    return run
 
 
 def flatten(tree: Any) -> tuple[list[Any], Any]:

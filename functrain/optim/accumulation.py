@@ -20,7 +20,15 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import donating, flatten, foreach_op, leaves_matching, zeros_like
+from ._foreach import (
+    donating,
+    flatten,
+    foreach_op,
+    grad_mode,
+    leaves_matching,
+    owns_temporaries,
+    zeros_like,
+)
 from .base import Transform
 
 
@@ -57,10 +65,12 @@ def multi_steps(inner: Transform, every_k: int) -> Transform:
         g, spec = flatten(grads)
         acc = leaves_matching(state.grad_acc, spec, "multi_steps: the gradient accumulator")
         last = state.mini_step + 1 == every_k
-        with torch.no_grad():
+        with grad_mode(extra):
             if not last:
                 acc = foreach_op("add", acc, g, inplace=donate)
-                zero = zeros_like(g, inplace=donate)
+                # (differentiable: zeros on the tape, so the parameters stay on it too)
+                own = owns_temporaries(extra)
+                zero = zeros_like(g, inplace=donate) if own else foreach_op("mul", g, 0.0)
                 new_state = MultiStepsState(
                     state.mini_step + 1, tree_unflatten(spec, acc), state.inner_state
                 )
@@ -68,7 +78,7 @@ def multi_steps(inner: Transform, every_k: int) -> Transform:
             # The mean goes into a buffer the inner optimizer may overwrite (the donated grads,
             # or a fresh list), never into the accumulator, which is reset here.
             mean = foreach_op("add", g, acc, inplace=donate)
-            foreach_op("div", mean, float(every_k), inplace=True)
+            mean = foreach_op("div", mean, float(every_k), inplace=owns_temporaries(extra))
             acc = zeros_like(acc, inplace=donate)
         updates, inner_state = inner.update(
             tree_unflatten(spec, mean), state.inner_state, params, **extra

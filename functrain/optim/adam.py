@@ -20,8 +20,17 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import check_number, copy_into, donating, flatten, foreach_op, leaves_matching
-from .base import Transform, chain
+from ._foreach import (
+    check_number,
+    copy_into,
+    donating,
+    flatten,
+    foreach_op,
+    leaves_matching,
+    owns_temporaries,
+    update_math,
+)
+from .base import Transform, chain, maybe_differentiable
 from .masking import masked_passthrough
 from .scale import (
     ScalarOrSchedule,
@@ -75,17 +84,17 @@ def scale_by_adam(
             return ScaleByAmsgradState(0, mu, nu, tree_map(torch.zeros_like, params))
         return ScaleByAdamState(0, mu, nu)
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         del params
-        donate = donating(extra)
+        donate, own = donating(extra), owns_temporaries(extra)
         g, spec = flatten(grads)
         mu = leaves_matching(state.mu, spec, "scale_by_adam: mu")
         nu = leaves_matching(state.nu, spec, "scale_by_adam: nu")
         step = state.count + 1
         mu = foreach_op("lerp", mu, g, 1.0 - b1, inplace=donate)
         nu = foreach_op("mul", nu, b2, inplace=donate)
-        foreach_op("addcmul", nu, g, g, value=1.0 - b2, inplace=True)
+        nu = foreach_op("addcmul", nu, g, g, value=1.0 - b2, inplace=own)
         second = nu
         nu_max = None
         if amsgrad:
@@ -94,14 +103,14 @@ def scale_by_adam(
             second = nu_max
         # One temporary list, as torch's own foreach Adam allocates: the denominator.
         denom = foreach_op("sqrt", second)
-        foreach_op("div", denom, math.sqrt(1.0 - b2**step), inplace=True)
-        foreach_op("add", denom, eps, inplace=True)
+        denom = foreach_op("div", denom, math.sqrt(1.0 - b2**step), inplace=own)
+        denom = foreach_op("add", denom, eps, inplace=own)
         out = (
             foreach_op("div", copy_into(g, mu), denom, inplace=True)
             if donate
             else foreach_op("div", mu, denom)
         )
-        foreach_op("div", out, 1.0 - b1**step, inplace=True)
+        out = foreach_op("div", out, 1.0 - b1**step, inplace=own)
         mu_tree, nu_tree = tree_unflatten(spec, mu), tree_unflatten(spec, nu)
         if amsgrad:
             new_state = ScaleByAmsgradState(step, mu_tree, nu_tree, tree_unflatten(spec, nu_max))
@@ -120,6 +129,7 @@ def adam(
     amsgrad: bool = False,
     *,
     weight_decay_mask: Any = None,
+    differentiable: bool = False,
 ) -> Transform:
     """Adam with torch.optim.Adam's semantics (weight decay is an L2 term added to the gradient).
 
@@ -130,15 +140,19 @@ def adam(
         weight_decay: L2 coefficient.
         amsgrad: the AMSGrad variant.
         weight_decay_mask: optional `{name: bool}` or `params -> {name: bool}`; False = no decay.
+        differentiable: the update as an autograd op (see `functrain.optim.differentiable`).
     Example:
         >>> opt = adam(1e-3)
     """
     check_number("lr", lr, schedule=True)
     b1, b2 = betas
-    return chain(
-        masked_passthrough(add_decayed_weights(weight_decay), weight_decay_mask),
-        scale_by_adam(b1, b2, eps, amsgrad),
-        scale_by_learning_rate(lr),
+    return maybe_differentiable(
+        chain(
+            masked_passthrough(add_decayed_weights(weight_decay), weight_decay_mask),
+            scale_by_adam(b1, b2, eps, amsgrad),
+            scale_by_learning_rate(lr),
+        ),
+        differentiable,
     )
 
 
@@ -150,6 +164,7 @@ def adamw(
     amsgrad: bool = False,
     *,
     weight_decay_mask: Any = None,
+    differentiable: bool = False,
 ) -> Transform:
     """AdamW with torch.optim.AdamW's semantics: `param <- param * (1 - lr * wd) - lr * adam`.
 
@@ -158,15 +173,19 @@ def adamw(
         betas, eps, amsgrad: as in `adam`.
         weight_decay: decay coefficient, multiplied by the learning rate.
         weight_decay_mask: optional `{name: bool}` or `params -> {name: bool}`; False = no decay.
+        differentiable: the update as an autograd op (see `functrain.optim.differentiable`).
     Example:
         >>> opt = adamw(3e-4, weight_decay=0.1, weight_decay_mask=no_decay_mask)
     """
     check_number("lr", lr, schedule=True)
     b1, b2 = betas
-    return chain(
-        scale_by_adam(b1, b2, eps, amsgrad),
-        masked_passthrough(add_decayed_weights(weight_decay), weight_decay_mask),
-        scale_by_learning_rate(lr),
+    return maybe_differentiable(
+        chain(
+            scale_by_adam(b1, b2, eps, amsgrad),
+            masked_passthrough(add_decayed_weights(weight_decay), weight_decay_mask),
+            scale_by_learning_rate(lr),
+        ),
+        differentiable,
     )
 
 
@@ -179,6 +198,7 @@ def decoupled_adamw(
     *,
     initial_lr: float | None = None,
     weight_decay_mask: Any = None,
+    differentiable: bool = False,
 ) -> Transform:
     """Composer's `DecoupledAdamW`: the decay follows the lr schedule but not the lr's size.
 
@@ -193,15 +213,19 @@ def decoupled_adamw(
             names one (a number, or `base * schedule`), required only for a plain function.
             Under `inject_hyperparams` it is read from the scheduled `lr` the same way.
         weight_decay_mask: optional `{name: bool}` or `params -> {name: bool}`; False = no decay.
+        differentiable: the update as an autograd op (see `functrain.optim.differentiable`).
     Example:
         >>> opt = decoupled_adamw(1e-3 * cosine_annealing_with_warmup("1ep"))  # base 1e-3
     """
     check_number("lr", lr, schedule=True)
     b1, b2 = betas
-    return chain(
-        scale_by_adam(b1, b2, eps, amsgrad),
-        scale_by_learning_rate(lr),
-        masked_passthrough(
-            add_decoupled_weight_decay(weight_decay, lr, initial_lr), weight_decay_mask
+    return maybe_differentiable(
+        chain(
+            scale_by_adam(b1, b2, eps, amsgrad),
+            scale_by_learning_rate(lr),
+            masked_passthrough(
+                add_decoupled_weight_decay(weight_decay, lr, initial_lr), weight_decay_mask
+            ),
         ),
+        differentiable,
     )

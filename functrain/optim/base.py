@@ -110,6 +110,40 @@ def chain(*transforms: Transform) -> Transform:
     return Transform(init, update, ChainSpec(tuple(t.spec for t in transforms)))
 
 
+def differentiable(transform: Transform) -> Transform:
+    """`transform` as an autograd op: its update runs out of place, recorded by autograd, so
+    `torch.autograd.grad` flows through it (MAML, hypergradients, learned optimizers).
+
+    The update never works in place (a `donate=True` extra is ignored) and has no fused form
+    (torch's fused kernels are not autograd ops). With `apply_updates`, which is out of place
+    and recorded whenever an update carries autograd history, k inner steps are differentiable
+    end to end. The optimizers take `differentiable=True` for this.
+
+    Args:
+        transform: any `Transform` built from this package's transforms.
+    Returns:
+        a `Transform` with the same `init` and state.
+    Example:
+        >>> opt = differentiable(chain(clip_by_global_norm(1.0), adam(1e-2)))
+        >>> g = torch.autograd.grad(loss(params), list(params.values()), create_graph=True)
+        >>> updates, state = opt.update(dict(zip(params, g)), state, params)
+        >>> new = apply_updates(params, updates)   # d new / d params is on the tape
+    """
+    if not isinstance(transform, Transform):
+        raise TypeError(f"differentiable: expected a Transform, got {type(transform).__name__}")
+
+    def update(grads, state, params=None, **extra):
+        extra = {**extra, "donate": False, "differentiable": True}
+        return transform.update(grads, state, params, **extra)
+
+    return Transform(transform.init, update)
+
+
+def maybe_differentiable(transform: Transform, flag: bool) -> Transform:
+    """`differentiable(transform)` when `flag`, else `transform` (the optimizers' argument)."""
+    return differentiable(transform) if flag else transform
+
+
 def apply_updates(params: Params, updates: Updates, donate: bool = False) -> Params:
     """Add `updates` to `params`.
 
@@ -121,7 +155,10 @@ def apply_updates(params: Params, updates: Updates, donate: bool = False) -> Par
             tensors; otherwise new tensors are returned and `params` is left untouched.
     Returns:
         the new parameters, same structure as `params`. Updates are cast to each parameter's
-        dtype; a new parameter requires grad exactly when the old one did.
+        dtype; a new parameter requires grad exactly when the old one did. When grad mode is on
+        and an update requires grad (a `differentiable` optimizer's), or a parameter is itself
+        the result of recorded ops (a differentiable inner loop's), the addition is recorded
+        too: the new parameters are functions of the old ones.
     Example:
         >>> params = apply_updates(params, updates)               # pure
         >>> params = apply_updates(params, updates, donate=True)  # in place
@@ -156,6 +193,9 @@ def _add(ps: list, us: list, donate: bool, names: list | None) -> list:
         raise ValueError("apply_updates: each parameter needs exactly one update tensor" + where)
     # Casting follows optax: the parameter's dtype wins (e.g. fp32 updates on bf16 weights).
     us = [u if u.dtype == p.dtype else u.to(p.dtype) for p, u in zip(ps, us)]
+    recorded = any(u.requires_grad for u in us) or any(p.grad_fn is not None for p in ps)
+    if not donate and recorded and torch.is_grad_enabled():
+        return foreach_op("add", ps, us)  # a differentiable update: on the tape
     with torch.no_grad():
         if donate:
             return foreach_op("add", ps, us, inplace=True)

@@ -14,7 +14,16 @@ import math
 import torch
 
 from ..tree import tree_unflatten
-from ._foreach import check_number, donating, flatten, foreach_op, params_like
+from ._foreach import (
+    check_number,
+    differentiating,
+    donating,
+    flatten,
+    foreach_op,
+    owns_temporaries,
+    params_like,
+    update_math,
+)
 from .base import EmptyState, Transform, global_norm
 from .spec import ClipByGlobalNormSpec
 
@@ -40,17 +49,24 @@ def clip_by_global_norm(max_norm: float) -> Transform:
         raise ValueError(f"clip_by_global_norm needs max_norm > 0, got {max_norm}")
     max_norm = float(max_norm)
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         del params
         leaves, spec = flatten(grads)
         if not leaves:
             return grads, state
-        norm = global_norm(leaves)
+        if differentiating(extra):  # the norm on the tape too (global_norm runs without it)
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(x) for x in leaves])
+            )
+        else:
+            norm = global_norm(leaves)
         # max_norm / max(norm, max_norm) is 1.0 exactly below the threshold, so no branch (and
         # no host sync) is needed. Tensor / tensor: `scalar / tensor` is computed as
         # scalar * reciprocal(tensor), which is not exactly 1.
         factor = torch.full_like(norm, max_norm) / torch.clamp(norm, min=max_norm)
+        if differentiating(extra):  # a foreach op takes no scalar tensor with a history
+            return tree_unflatten(spec, [x * factor for x in leaves]), state
         out = foreach_op("mul", leaves, factor.to(leaves[0].device), inplace=donating(extra))
         return tree_unflatten(spec, out), state
 
@@ -86,7 +102,7 @@ def clip_by_value(
         if low is not None and high is not None and low > high:
             raise ValueError(f"clip_by_value: min={low} is larger than max={high}")
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         del params
         donate = donating(extra)
@@ -96,7 +112,8 @@ def clip_by_value(
             out = foreach_op("clamp_min", out, low, inplace=donate)
         if high is not None:
             # After the first op `out` is ours whenever it is a fresh list.
-            out = foreach_op("clamp_max", out, high, inplace=donate or out is not leaves)
+            mine = out is not leaves and owns_temporaries(extra)
+            out = foreach_op("clamp_max", out, high, inplace=donate or mine)
         return tree_unflatten(spec, out), state
 
     return Transform(_no_state, update)
@@ -132,7 +149,7 @@ def adaptive_grad_clip(clipping: float = 0.01, eps: float = 1e-3) -> Transform:
     check_number("eps", eps)
     clipping, eps = float(clipping), float(eps)
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         donate = donating(extra)
         leaves, spec = flatten(grads)

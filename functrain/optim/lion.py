@@ -17,8 +17,16 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import check_number, donating, flatten, foreach_op, leaves_matching
-from .base import Transform, chain
+from ._foreach import (
+    check_number,
+    donating,
+    flatten,
+    foreach_op,
+    leaves_matching,
+    owns_temporaries,
+    update_math,
+)
+from .base import Transform, chain, maybe_differentiable
 from .masking import masked_passthrough
 from .scale import ScalarOrSchedule, add_decayed_weights, scale_by_learning_rate
 from .spec import LionSpec
@@ -49,14 +57,15 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
     def init(params):
         return ScaleByLionState(0, tree_map(torch.zeros_like, params))
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         del params
         donate = donating(extra)
         g, spec = flatten(grads)
         mu = leaves_matching(state.mu, spec, "scale_by_lion: mu")
         # The direction needs the old momentum, so it is built before mu moves.
-        direction = foreach_op("sign", foreach_op("lerp", mu, g, 1.0 - b1), inplace=True)
+        own = owns_temporaries(extra)
+        direction = foreach_op("sign", foreach_op("lerp", mu, g, 1.0 - b1), inplace=own)
         mu = foreach_op("lerp", mu, g, 1.0 - b2, inplace=donate)
         return tree_unflatten(spec, direction), ScaleByLionState(
             state.count + 1, tree_unflatten(spec, mu)
@@ -71,6 +80,7 @@ def lion(
     weight_decay: float = 0.0,
     *,
     weight_decay_mask: Any = None,
+    differentiable: bool = False,
 ) -> Transform:
     """The Lion optimizer (decay multiplied by the learning rate, as in the paper).
 
@@ -79,13 +89,17 @@ def lion(
         betas: `(b1, b2)` of `scale_by_lion`.
         weight_decay: decoupled decay coefficient (times lr).
         weight_decay_mask: optional `{name: bool}` or `params -> {name: bool}`; False = no decay.
+        differentiable: the update as an autograd op (see `functrain.optim.differentiable`).
     Example:
         >>> opt = lion(3e-5, weight_decay=0.1)
     """
     check_number("lr", lr, schedule=True)
     b1, b2 = betas
-    return chain(
-        scale_by_lion(b1, b2),
-        masked_passthrough(add_decayed_weights(weight_decay), weight_decay_mask),
-        scale_by_learning_rate(lr),
+    return maybe_differentiable(
+        chain(
+            scale_by_lion(b1, b2),
+            masked_passthrough(add_decayed_weights(weight_decay), weight_decay_mask),
+            scale_by_learning_rate(lr),
+        ),
+        differentiable,
     )

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._foreach import donating, zeros_like
+from ._foreach import differentiating, donating, foreach_op, zeros_like
 from .base import Transform
 from .spec import MaskedSpec
 
@@ -99,8 +99,12 @@ def masked(inner: Transform, mask: Mask, *, passthrough: bool = False) -> Transf
         if passthrough:
             rest_updates = [grads[k] for k in rest]
         else:
-            with torch.no_grad():
-                rest_updates = zeros_like([grads[k] for k in rest], inplace=donating(extra))
+            rest_grads = [grads[k] for k in rest]
+            if differentiating(extra):  # zeros on the tape, so the parameters stay on it too
+                rest_updates = foreach_op("mul", rest_grads, 0.0)
+            else:
+                with torch.no_grad():
+                    rest_updates = zeros_like(rest_grads, inplace=donating(extra))
         others = dict(zip(rest, rest_updates))
         updates = {k: sub_updates[k] if k in kept else others[k] for k in grads}
         return updates, MaskedState(inner_state)

@@ -16,8 +16,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-import torch
-
 from ..tree import tree_unflatten
 from ._foreach import (
     check_number,
@@ -27,6 +25,7 @@ from ._foreach import (
     hyperparam_value,
     params_like,
     start_value,
+    update_math,
 )
 from .base import EmptyState, Transform
 from .spec import DecoupledWeightDecaySpec, LearningRateSpec, ScaleSpec, WeightDecaySpec
@@ -47,7 +46,7 @@ def scale(factor: float) -> Transform:
         del params
         return EmptyState()
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         del params
         leaves, spec = flatten(grads)
@@ -85,7 +84,7 @@ def scale_by_learning_rate(lr: ScalarOrSchedule, *, flip_sign: bool = True) -> T
         del params
         return ScaleByLearningRateState(count=0, lr=start_value(lr))
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         del params
         new_state = next_lr_state(lr, state, extra)
@@ -125,7 +124,7 @@ def add_decayed_weights(weight_decay: float = 0.0) -> Transform:
         del params
         return EmptyState()
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         if weight_decay == 0.0:
             return grads, state
@@ -177,7 +176,7 @@ def add_decoupled_weight_decay(
         # start_value: a warm-up in epochs or "dur" resolves without the run's horizon at t=0.
         return DecoupledWeightDecayState(count=0, factor=start_value(lr) / base if base else 1.0)
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         new_state = next_decay_state(lr, base, state, extra)
         factor = new_state.factor

@@ -17,8 +17,17 @@ from typing import Any, NamedTuple
 import torch
 
 from ..tree import tree_map, tree_unflatten
-from ._foreach import check_number, copy_into, donating, flatten, foreach_op, leaves_matching
-from .base import Transform, chain
+from ._foreach import (
+    check_number,
+    copy_into,
+    donating,
+    flatten,
+    foreach_op,
+    leaves_matching,
+    owns_temporaries,
+    update_math,
+)
+from .base import Transform, chain, maybe_differentiable
 from .masking import masked_passthrough
 from .scale import (
     ScalarOrSchedule,
@@ -55,7 +64,7 @@ def trace(decay: float, nesterov: bool = False, dampening: float = 0.0) -> Trans
     def init(params):
         return TraceState(count=0, momentum=tree_map(torch.zeros_like, params))
 
-    @torch.no_grad()
+    @update_math
     def update(grads, state, params=None, **extra):
         del params
         donate = donating(extra)
@@ -66,11 +75,16 @@ def trace(decay: float, nesterov: bool = False, dampening: float = 0.0) -> Trans
             # Copied into the buffer's own layout, not the gradient's: a transposed gradient
             # must not make the state non-contiguous (the fused kernels need it laid out like
             # its parameter).
-            fresh = buf if donate else [torch.empty_like(b) for b in buf]
-            buf = copy_into(fresh, leaves)
+            if owns_temporaries(extra):
+                fresh = buf if donate else [torch.empty_like(b) for b in buf]
+                buf = copy_into(fresh, leaves)
+            else:  # differentiable: a graph-connected copy
+                buf = foreach_op("clone", leaves)
         else:
             buf = foreach_op("mul", buf, decay, inplace=donate)
-            foreach_op("add", buf, leaves, alpha=1.0 - dampening, inplace=True)
+            buf = foreach_op(
+                "add", buf, leaves, alpha=1.0 - dampening, inplace=owns_temporaries(extra)
+            )
         if nesterov:
             out = foreach_op("add", leaves, buf, alpha=decay, inplace=donate)
         else:
@@ -98,6 +112,7 @@ def sgd(
     weight_decay: float = 0.0,
     *,
     weight_decay_mask: Any = None,
+    differentiable: bool = False,
 ) -> Transform:
     """Stochastic gradient descent with exactly torch.optim.SGD's semantics.
 
@@ -113,6 +128,7 @@ def sgd(
             `no_decay_mask`); names mapped to False get no weight decay.
     Returns:
         a `Transform`; state `(EmptyState|MaskedState, [TraceState], ScaleByLearningRateState)`.
+        differentiable: the update as an autograd op (see `functrain.optim.differentiable`).
     Example:
         >>> opt = sgd(0.1, momentum=0.9, weight_decay=5e-4, weight_decay_mask=no_decay_mask)
     """
@@ -122,7 +138,7 @@ def sgd(
     if float(momentum) != 0.0:
         parts.append(trace(momentum, nesterov=nesterov, dampening=dampening))
     parts.append(scale_by_learning_rate(lr))
-    return chain(*parts)
+    return maybe_differentiable(chain(*parts), differentiable)
 
 
 def decoupled_sgdw(
@@ -134,6 +150,7 @@ def decoupled_sgdw(
     *,
     initial_lr: float | None = None,
     weight_decay_mask: Any = None,
+    differentiable: bool = False,
 ) -> Transform:
     """SGD with weight decay decoupled from the learning rate (Composer's `DecoupledSGDW`).
 
@@ -149,6 +166,7 @@ def decoupled_sgdw(
             names one (a number, or `base * schedule`), required only for a plain function.
             Under `inject_hyperparams` it is read from the scheduled `lr` the same way.
         weight_decay_mask: as in `sgd`.
+        differentiable: the update as an autograd op (see `functrain.optim.differentiable`).
     Example:
         >>> opt = decoupled_sgdw(0.1, momentum=0.9, weight_decay=1e-5)
     """
@@ -160,4 +178,4 @@ def decoupled_sgdw(
     parts.append(scale_by_learning_rate(lr))
     decay = add_decoupled_weight_decay(weight_decay, lr, initial_lr)
     parts.append(masked_passthrough(decay, weight_decay_mask))
-    return chain(*parts)
+    return maybe_differentiable(chain(*parts), differentiable)
