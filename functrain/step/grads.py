@@ -24,6 +24,7 @@ import torch
 from .. import _torch
 from ..optim._foreach import is_dtensor
 from ..parallel import InFlight, data_parallel_info
+from ..parallel import buffers as parallel_buffers
 from ..parallel import compute as parallel_compute
 from ..parallel import offload as parallel_offload
 from ..parallel import running as parallel_running
@@ -261,6 +262,8 @@ class GradsPiece:
             dict(zip(self.trainable, grads)), state_params, layout, inflight
         )
         grads = parallel_offload.grads_to_host(grads, layout)  # after every reduction finished
+        # The forward pass moved each rank's buffers (BatchNorm) by its own batch: rank 0's win.
+        buffers = parallel_buffers.broadcast_buffers(buffers, layout)
         return GradResult(grads=grads, loss=total_loss, aux=aux, buffers=buffers)
 
     def _forward_rng(self, state: TrainState, rank: int, index: int):

@@ -450,6 +450,60 @@ def scenario_buffers_and_eval(world):
     return {"max_error": float((out - expected).abs().max())}
 
 
+class BNNet(nn.Module):
+    """A BatchNorm between two Linear layers: running statistics that each rank's batch moves."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(7, 13)
+        self.bn = nn.BatchNorm1d(13)
+        self.fc2 = nn.Linear(13, 5)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def scenario_buffers_identical(plan):
+    """BatchNorm under `plan`: after every step the running statistics are rank 0's on every
+    rank (each rank's own batch moved them apart), so a checkpoint's one copy is every rank's,
+    and evaluation (`call_model`) gives the same outputs on every rank."""
+
+    def run(world):
+        mesh = mesh_for(world)
+        torch.manual_seed(0)
+        model = BNNet()
+        opt = functrain.optim.sgd(0.1)
+        state = functrain.init(model, opt, seed=0, mesh=mesh, plan=plan)
+        step = functrain.make_step(model, classify_loss, opt)
+        rank, dp = fdist.data_parallel_info(state.layout)
+        spread, local = [], []
+        for batch in batches("mlp", 3):
+            mine = rank_slice(batch, rank, dp)
+            mean = mine[0].mean(0)  # each rank's batch differs, so would its statistics
+            peers = [torch.empty_like(mean) for _ in range(world)]
+            torch.distributed.all_gather(peers, mean)
+            local.append(max(float((p - peers[0]).abs().max()) for p in peers))
+            state, _ = step(state, mine)
+            flat = torch.cat([b.float().reshape(-1) for b in state.buffers.values()])
+            every = [torch.empty_like(flat) for _ in range(world)]
+            torch.distributed.all_gather(every, flat)
+            spread.append(max(float((e - every[0]).abs().max()) for e in every))
+        model.eval()  # evaluation normalises with the running statistics
+        out = step.pieces.call_model(state, batches("mlp", 1)[0][0]).detach()
+        model.train()
+        outs = [torch.empty_like(out) for _ in range(world)]
+        torch.distributed.all_gather(outs, out)
+        moved = float((state.buffers["bn.running_mean"]).abs().max())
+        return {
+            "buffer_spread": max(spread),
+            "local_spread": max(local),
+            "eval_spread": max(float((o - outs[0]).abs().max()) for o in outs),
+            "moved": moved,
+        }
+
+    return run
+
+
 def scenarios_for(world: int) -> dict:
     """The scenarios each world size runs (2 ranks: the broad set; 4: the 2-D meshes)."""
     if world == 4:
@@ -486,6 +540,8 @@ def scenarios_for(world: int) -> dict:
         "eval": scenario_buffers_and_eval,
         "side_by_side": _value_scenario(value_scenarios.scenario_side_by_side),
         "optimizer_monitor": _value_scenario(value_scenarios.scenario_optimizer_monitor),
+        "bn_ddp": scenario_buffers_identical("ddp"),
+        "bn_fsdp": scenario_buffers_identical("fsdp"),
         "nan_monitor": _value_scenario(value_scenarios.scenario_nan_monitor),  # keep last
     }
 

@@ -200,3 +200,14 @@ def test_nan_monitor_trips_on_every_rank_together(tmp_path_factory):
     res = results(2, tmp_path_factory)["nan_monitor"]
     assert res["raised"], res["message"]
     assert "at step 2" in res["message"] and "another rank" in res["message"]
+
+
+@pytest.mark.parametrize("scenario", ["bn_ddp", "bn_fsdp"])
+def test_batchnorm_statistics_are_rank0s_on_every_rank_after_every_step(scenario, tmp_path_factory):
+    """Issue 30.1: each rank's batch moves its BatchNorm statistics, yet after every step every
+    rank holds rank 0's, so the checkpoint's one copy is every rank's and evaluation agrees."""
+    res = results(2, tmp_path_factory)[scenario]
+    assert res["moved"] > 0  # the running statistics did move
+    assert res["local_spread"] > 0  # each rank's own forward moved them differently
+    assert res["buffer_spread"] == 0.0
+    assert res["eval_spread"] == 0.0
