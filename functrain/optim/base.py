@@ -117,7 +117,9 @@ def differentiable(transform: Transform) -> Transform:
     The update never works in place (a `donate=True` extra is ignored) and has no fused form
     (torch's fused kernels are not autograd ops). With `apply_updates`, which is out of place
     and recorded whenever an update carries autograd history, k inner steps are differentiable
-    end to end. The optimizers take `differentiable=True` for this.
+    end to end. The optimizers take `differentiable=True` for this. As in torch and optax, Adam's
+    `sqrt(nu)` has no derivative where a gradient element is exactly 0 (a dead ReLU's weight):
+    the hypergradient is NaN there.
 
     Args:
         transform: any `Transform` built from this package's transforms.
