@@ -27,6 +27,8 @@ Exit codes (docs/events.md): 0 when every rank finished; after a failure, the co
 failed rank's script ended with (else 128 + N when it died of signal N; never 143 for a crash);
 after a stop, 143 (SIGTERM), 130 (Ctrl-C), 129 (SIGHUP) or 131 (SIGQUIT) — unless the stopped
 ranks exited with a nonzero code of their own (75), which is kept.
+After a hang (no rank progress for `--hang-timeout`, functrain.launch.watchdog): 124, with a line
+naming the rank that is behind and its stacks in a folder.
 
 Each rank runs inside a small wrapper (this module's `--worker` mode) that records an uncaught
 exception for torchrun, and the rank's exit code and stop signals for the launcher
@@ -47,7 +49,7 @@ import tempfile
 import threading
 import time
 
-from . import status
+from . import status, watchdog
 
 _PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 _LAUNCHER_ENV = "FUNCTRAIN_LAUNCHER_PID"  # the ranks die with this process
@@ -83,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=120,
         help="seconds the ranks get to checkpoint and exit after SIGTERM or Ctrl-C (then killed)",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=watchdog.parse_timeout,
+        default="600s",
+        help="a rank that makes no progress this long is a hang: stacks, one line, stop (0: off)",
+    )
+    parser.add_argument(
+        "--hang-dir", default=None, help="where hang stacks go (default: run_dir or ./)"
     )
     parser.add_argument("--no-prefix", action="store_true", help="no [rankN] line prefixes")
     parser.add_argument(
@@ -232,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = _Stop()
     stop.install()
     failures = None
+    watch = watchdog.Watchdog(folder, opts.hang_timeout, opts.hang_dir).start()
     try:
         torchrun.run(torchrun.parse_args(torchrun_argv(opts)))
     except ChildFailedError as error:
@@ -239,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     except SignalException as error:
         stop.forwarded(error.sigval)  # a stop (by _Stop, or a hangup torchrun forwarded)
     finally:
+        watch.stop()
         stop.restore()
         os.environ.pop(status.STATUS_ENV, None)
         os.environ.pop(_LAUNCHER_ENV, None)
@@ -246,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop("OMP_NUM_THREADS", None)
         records = status.read_records(folder)
         shutil.rmtree(folder, ignore_errors=True)
+    if failures and watch.hang is not None:  # the watchdog stopped the ranks
+        status.print_line(f"{watch.hang}; all ranks were stopped.")
+        return watchdog.HANG_CODE
     return _report(opts, stop, failures, records)
 
 
@@ -308,6 +324,7 @@ def _worker(argv: list[str]) -> int:
             runpy.run_path(target, run_name="__main__")
 
     _die_with_launcher()
+    stacks = watchdog.arm_stack_dump()  # noqa: F841 -- kept open: the hang watchdog's SIGUSR1
     hangup = _Hangup()
     for sig in _HANGUPS:  # torchrun forwards the launcher's hangup: stop as for SIGTERM
         signal.signal(sig, hangup.handle)

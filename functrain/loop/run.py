@@ -27,7 +27,7 @@ from ..state import TrainState
 from ..step.batching import to_device
 from ..step.protocol import as_step
 from ..units import Timestamp, TimeUnit
-from . import report
+from . import heartbeat, report
 from .agreement import Boundaries
 from .evaluation import describe_batch, dp_info, state_device
 from .events import Context, Event, dispatch, unique_names
@@ -105,6 +105,7 @@ class FitRun:
         self.boundaries = Boundaries(self.signals, self.ctx)
         self.last_saved_batch = self.last_eval_batch = self.last_log_batch = -1
         self.boundaries.start_clock(state.timestamp.elapsed_sec)
+        self.beat = heartbeat.Heartbeat.of_launch(options.run_dir)  # the launcher's watchdog
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -332,6 +333,7 @@ class FitRun:
     def _checkpoint(self) -> None:
         if self.checkpoints is None or self.last_saved_batch == self._batch():
             return
+        self.beat.phase("checkpoint", self._batch())
         self.state = with_loop_extra(self.state, self.names, self.callbacks, self.source)
         metrics = {f"eval/{k}": v for k, v in self.ctx.eval_metrics.items()}  # for keep_best
         path = self.checkpoints.save(self.state, metrics=metrics)
@@ -394,4 +396,5 @@ class FitRun:
         )
 
     def _emit(self, event: Event) -> None:
+        self.beat.beat(event, self._batch())
         dispatch(event, self.callbacks, self.ctx)
