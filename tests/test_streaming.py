@@ -189,7 +189,7 @@ def _params(run_dir):
 def _saved_data_state(run_dir) -> dict:
     """Streaming's state as saved in the newest checkpoint (fit's `extra.data`)."""
     from functrain.checkpoint import Manager, describe
-    from functrain.loop.events import decode_state
+    from functrain.loop.saved_state import decode_state
 
     with Manager(run_dir / "ckpt") as manager:
         path = manager.latest()

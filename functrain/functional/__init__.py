@@ -61,8 +61,8 @@ __all__ = [
 
 # -- surgery ------------------------------------------------------------------------------------
 # Model-surgery cores (Module -> Module on a copy) and the weight/gradient cores (EMA, SWA, SAM,
-# clipping, freezing) are owned by their engineer, who lists them in the `__all__` of
-# `functional/surgery.py` and `functional/weights.py`; everything listed there is re-exported here.
+# clipping, freezing) are listed in the `__all__` of `functional/surgery.py` and
+# `functional/weights.py`; everything listed there is re-exported here.
 from . import surgery as _surgery  # noqa: E402
 from . import weights as _weights  # noqa: E402
 

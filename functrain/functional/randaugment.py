@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .augmentation_chains import apply_chain_step, apply_random_chain, on_image_or_batch
+from .augmentation_chains import apply_random_chain, on_image_or_batch
 from .augmentation_primitives import (
     check_severity,
     from_unit_range,
@@ -24,8 +24,7 @@ from .augmentation_primitives import (
 )
 from .sampling import require_generator
 
-# `apply_chain_step` lives in `augmentation_chains`; re-exported for `from .randaugment import`.
-__all__ = ["apply_chain_step", "randaugment_batch", "randaugment_image"]
+__all__ = ["randaugment_batch", "randaugment_image"]
 
 
 def randaugment_batch(

@@ -12,6 +12,7 @@ Example:
     >>> state = fit(step, state, loader, duration="3ep")
 """
 
-from .api import StepError, evaluate, fit, predict
+from .api import StepError, fit
+from .evaluation import evaluate, predict
 
 __all__ = ["StepError", "evaluate", "fit", "predict"]

@@ -25,14 +25,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..units import TimeLike
-from .evaluation import evaluate, predict
 from .launch_record import launched, record_commit
 from .options import FitOptions
 from .run import FitRun, StepError
 
-# `evaluate` and `predict` live in functrain.loop.evaluation; re-exported for `from functrain.loop
-# import evaluate, predict`.
-__all__ = ["StepError", "evaluate", "fit", "predict"]
+__all__ = ["StepError", "fit"]
 
 
 def fit(
@@ -59,6 +56,8 @@ def fit(
     seed: int | None = None,
     progress: bool = True,
     return_result: bool = False,
+    on_data_change: str = "error",
+    sanity_check_batches: int = 2,
 ) -> Any:
     """Train `state` with `step` on `train_data` until `duration`, and return the final state.
 
@@ -110,6 +109,13 @@ def fit(
             the loop's status lines (resumed, already finished, stopped); False: silent.
         return_result: return a `functrain.FitResult` (the state, and whether the run finished,
             stopped or was preempted, with its checkpoint) instead of the state alone.
+        on_data_change: a resume whose checkpoint counted its position on other data (another
+            length, batch size or world size): "error" (refuse, naming both), "restart_epoch"
+            (the interrupted epoch starts over) or "by_samples" (the position converted by the
+            samples trained in the epoch); the remaining epochs count at the new length.
+        sanity_check_batches: at a fresh start with `eval_data`, evaluate this many batches of
+            each eval set before training (no state change, nothing logged), so that a broken
+            evaluation fails at once and not after the first epoch; 0: off.
     Returns:
         the trained `TrainState` (a `FitState` for a pytree of states), or a `FitResult`.
     Raises:
@@ -142,6 +148,8 @@ def fit(
         run_dir=run_dir,
         seed=seed,
         progress=progress,
+        on_data_change=on_data_change,
+        sanity_check_batches=sanity_check_batches,
     )
     run = FitRun(step, state, train_data, options)
     manager = run.checkpoints

@@ -40,10 +40,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-# Re-exported for callers of the old place; the saved state's own module is `saved_state`.
-from .saved_state import decode_state as decode_state
-from .saved_state import encode_state as encode_state
-
 
 class Event(str, enum.Enum):
     """The points of the loop where callbacks run; the value is the callback method's name."""

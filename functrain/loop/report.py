@@ -70,5 +70,5 @@ def stopped(boundary: Any, reason: str | None, state: Any, checkpoint: str | Non
     if checkpoint is None:
         saved = "no checkpoint was saved (fit had no checkpoints=)"
     else:
-        saved = f"checkpoint {checkpoint}; rerun with autoresume=True to continue"
+        saved = f"checkpoint {checkpoint}; run it again with autoresume to continue from there"
     return f"stopped {how} at {where(state)} before the end of the run; {saved}"

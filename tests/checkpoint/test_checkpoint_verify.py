@@ -18,7 +18,7 @@ from ckpt_helpers import blank_like, make_state, same_bits
 from functrain import checkpoint
 from functrain.checkpoint import layout, verify
 from functrain.checkpoint.errors import CheckpointCorruptError, CheckpointError
-from functrain.loop import events
+from functrain.loop import saved_state
 
 W = "params.fc.weight"
 
@@ -165,15 +165,15 @@ def test_checkpoints_of_the_previous_format_still_load(ckpt):
     assert same_bits(loaded.params["fc.weight"], state.params["fc.weight"])
 
 
-# -- saved loop state (events.encode_state / decode_state) -------------------------------------
+# -- saved loop state (saved_state.encode_state / decode_state) -------------------------------------
 
 
 def test_saved_tensors_name_dtypes_from_an_allowlist_only():
     text = json.dumps({"w": {"__tensor__": "load", "shape": [1], "data": [0]}})
     with pytest.raises(ValueError, match="names dtype 'load', not one of"):
-        events.decode_state(text)  # (it used to look up getattr(torch, "load"))
+        saved_state.decode_state(text)  # (it used to look up getattr(torch, "load"))
     with pytest.raises(TypeError, match="tensors of"):
-        events.encode_state({"q": torch.zeros(2, dtype=torch.float8_e4m3fn)})
+        saved_state.encode_state({"q": torch.zeros(2, dtype=torch.float8_e4m3fn)})
 
 
 def test_saved_state_round_trips_and_bad_states_say_why():
@@ -182,7 +182,7 @@ def test_saved_state_round_trips_and_bad_states_say_why():
         "b": torch.ones(2, dtype=torch.bfloat16),
         "n": [1, None],
     }
-    back = events.decode_state(events.encode_state(value))
+    back = saved_state.decode_state(saved_state.encode_state(value))
     assert torch.equal(back["c"], value["c"]) and back["b"].dtype == torch.bfloat16
     for text, why in [
         ("{not json", "not valid JSON"),
@@ -193,7 +193,7 @@ def test_saved_state_round_trips_and_bad_states_say_why():
         (json.dumps({"__tensor__": "float32", "shape": [2], "data": ["a", "b"]}), "'data' must be"),
     ]:
         with pytest.raises(ValueError, match=why):
-            events.decode_state(text)
+            saved_state.decode_state(text)
 
 
 def test_a_malformed_callback_state_names_the_file_and_the_fix(tmp_path):

@@ -3,8 +3,8 @@
 A scenario that one of them applies to is marked `xfail(strict=True, raises=KnownBugFailure)`:
 the test raises `KnownBugFailure` only when every problem it found is explained by a listed bug's
 signature, so a scenario that fails for some other reason still fails the suite, and one that
-passes (the fix landed) shows as XPASS, which strict mode turns into a failure for the lead to
-see and remove from this table.
+passes (the fix landed) shows as XPASS, which strict mode turns into a failure that says to
+remove it from this table.
 
 Example:
     >>> [bug.point for bug in applicable(Scenario.from_row(row))]
@@ -28,7 +28,7 @@ class KnownBugFailure(AssertionError):
 @dataclasses.dataclass(frozen=True)
 class KnownBug:
     point: str  # the issue point ("11.1")
-    room: str  # the branch fixing it
+    fixed_by: str  # where the fix is being made
     symptom: str
     applies: Callable[[Scenario], bool]
     signature: str  # a regex every problem it causes matches
@@ -48,7 +48,7 @@ def applicable(scenario: Scenario) -> list[KnownBug]:
 
 
 def reason(scenario: Scenario) -> str:
-    return "; ".join(f"{b.point} ({b.room}): {b.symptom}" for b in applicable(scenario))
+    return "; ".join(f"{b.point} ({b.fixed_by}): {b.symptom}" for b in applicable(scenario))
 
 
 def marks(scenario: Scenario) -> list:
