@@ -219,7 +219,7 @@ def test_sigterm_under_the_launcher_stops_both_ranks_at_one_boundary(tmp_path, a
         step, url = manager.checkpoints()[-1]
     assert step == reports[0]["step"] and reports[0]["checkpoint"] == url
     assert load(url)["step"] == step
-    assert "stopped by SIGTERM" in output and "rerun with autoresume=True" in output
+    assert "stopped by SIGTERM" in output and "run it again with autoresume" in output
 
 
 # -- one process: what it says, and Ctrl-C ------------------------------------------------------
