@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import socket
@@ -32,7 +33,7 @@ import numpy as np
 import tensorstore as ts
 import torch
 
-from . import layout, orbax_layout, storage, verify
+from . import durable, layout, orbax_layout, storage, verify
 from .errors import CheckpointError
 from .staging import Staged, StagedLeaf, dist_info, stage
 
@@ -61,6 +62,20 @@ def array_spec(loc: storage.Location, record: layout.LeafRecord) -> dict:
         # means damage (loads use fill_missing_data_reads=False and fail on it).
         "store_data_equal_to_fill_value": True,
     }
+
+
+def _unsynced(loc: storage.Location) -> storage.Location:
+    """`loc` with every file written without fsync (local only): the writer makes them durable
+    at once with `durable.sync_tree` before it writes the commit marker."""
+    if not loc.is_local or not loc.fsync:
+        return loc
+    kvstore = {**loc.kvstore, "context": {"file_io_sync": False}}
+    return dataclasses.replace(loc, kvstore=kvstore, fsync=False)
+
+
+def _make_durable(loc: storage.Location) -> None:
+    if loc.is_local and loc.fsync:
+        _result_of(lambda: durable.sync_tree(loc.local_path), loc.url, "flushing to disk")
 
 
 def _scalar_array(value: Any) -> np.ndarray | None:
@@ -206,7 +221,9 @@ def write(
 def _write_arrays(
     staged: Staged, work: storage.Location, scalar_arrays: set[str], files: dict[str, str]
 ) -> None:
-    """Write this rank's shards; rank 0 also writes every zarr.json (digests into `files`)."""
+    """Write this rank's shards; rank 0 also writes every zarr.json (digests into `files`).
+    Every file is durable on return (one flush for all of them, not one per file)."""
+    unsynced = _unsynced(work)
     arrays = []  # (record, data item) of every array this rank opens
     for item in staged.leaves:
         record = item.record
@@ -232,13 +249,13 @@ def _write_arrays(
             layout.array_metadata_file(r.key): verify.encode(verify.array_metadata(r))
             for r, _ in arrays
         }
-        _result_of(lambda: storage.write_many(work, metadata), work.url, "writing metadata of")
+        _result_of(lambda: storage.write_many(unsynced, metadata), work.url, "writing metadata of")
         files.update({name: layout.digest(data) for name, data in metadata.items()})
     pending = []  # (url, future, item) so an error names the array it hit
     for record, item in arrays:
         if item.data is None:
             continue
-        spec = array_spec(work, record)
+        spec = array_spec(unsynced, record)
         future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
         pending.append((work.file_url(record.key), future, item))
     writes = []
@@ -250,6 +267,7 @@ def _write_arrays(
         writes.append((url, write))
     for url, future in writes:
         _result(future, url, "writing")
+    _make_durable(work)
 
 
 def _result_of(fn: Callable[[], None], url: str, what: str) -> None:
@@ -300,8 +318,10 @@ def _commit(
     }
     metadata[layout.ORBAX_CHECKPOINT_METADATA] = layout.dump_json(orbax_step)
     metadata[layout.ORBAX_COMMIT] = f"Checkpoint commit was successful to {work.url}".encode()
+    unsynced = _unsynced(work)
     for name, data in metadata.items():
-        storage.write_bytes(work, name, data)
+        storage.write_bytes(unsynced, name, data)
+    _make_durable(work)  # every file of the checkpoint is durable before the marker is written
     commit = {
         "format": layout.FORMAT,
         "version": layout.VERSION,

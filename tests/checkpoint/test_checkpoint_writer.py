@@ -12,7 +12,7 @@ import torch
 from ckpt_helpers import blank_like, make_state, same_bits
 
 from functrain import checkpoint
-from functrain.checkpoint import layout, sharding, staging, storage, writer
+from functrain.checkpoint import durable, layout, sharding, staging, storage, writer
 from functrain.checkpoint.errors import CheckpointError
 
 
@@ -183,3 +183,56 @@ def test_orbax_step_metadata_records_start_and_commit_times(tmp_path, monkeypatc
     meta = json.loads((tmp_path / "c" / layout.ORBAX_CHECKPOINT_METADATA).read_text())
     assert meta["init_timestamp_nsecs"] == 1_234_500_000_000
     assert meta["commit_timestamp_nsecs"] == 1_234_600_000_000
+
+
+def test_every_file_is_made_durable_by_one_flush_before_the_commit_marker(tmp_path, monkeypatch):
+    events = []  # ("sync", files present) and ("write", name), in order
+    original_sync, original_write = durable.sync_tree, storage.write_bytes
+
+    def sync(path):
+        original_sync(path)
+        files = {
+            os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs
+        }
+        events.append(("sync", files))
+
+    monkeypatch.setattr(durable, "sync_tree", sync)
+    monkeypatch.setattr(
+        storage,
+        "write_bytes",
+        lambda loc, n, d: (events.append(("write", n)), original_write(loc, n, d)),
+    )
+    fsyncs = []
+    original_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), original_fsync(fd)))
+    checkpoint.save(tmp_path / "c", make_state())
+    commit_at = events.index(("write", layout.COMMIT_FILE))
+    syncs = [files for kind, files in events[:commit_at] if kind == "sync"]
+    assert syncs and all(kind != "sync" for kind, _ in events[commit_at:])
+    on_disk = {
+        os.path.relpath(os.path.join(d, f), tmp_path / "c")
+        for d, _, fs in os.walk(tmp_path / "c")
+        for f in fs
+    }
+    # Every file but the marker was on disk (and flushed) before the marker was written.
+    assert on_disk - {layout.COMMIT_FILE} <= syncs[-1]
+    assert len(on_disk) > 40  # many files ...
+    assert len(syncs) <= 2 and len(fsyncs) <= 4  # ... few flushes: marker, directories
+
+
+def test_sync_tree_without_syncfs_fsyncs_every_file_and_directory(tmp_path, monkeypatch):
+    (tmp_path / "a" / "c").mkdir(parents=True)
+    for name in ("a/zarr.json", "a/c/0", "tree.json"):
+        (tmp_path / name).write_bytes(b"x")
+    synced = []
+    original_fsync = os.fsync
+    monkeypatch.setattr(durable, "_syncfs", lambda path: False)
+    monkeypatch.setattr(
+        os,
+        "fsync",
+        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), original_fsync(fd)),
+    )
+    durable.sync_tree(str(tmp_path))
+    expected = {str(tmp_path / p) for p in ("a/zarr.json", "a/c/0", "tree.json", "a/c", "a")}
+    assert expected | {str(tmp_path)} == set(synced)
+    assert synced.index(str(tmp_path / "a" / "c" / "0")) < synced.index(str(tmp_path / "a" / "c"))
