@@ -59,6 +59,10 @@ def foreach_op(
     """
     if not xs:  # foreach kernels reject empty lists
         return xs if inplace else []
+    if _torch.functorch_transforms_active():
+        # vmap has no batching rule for the foreach kernels, nor for some in-place ops: one
+        # out-of-place op per tensor there (every caller uses the returned list).
+        return _per_tensor(op, xs, args, kwargs)
     if is_dtensor(xs[0]) and op not in _REDUCTIONS:
         local = _on_local_pieces(op, xs, args, kwargs, inplace)
         if local is not None:
@@ -101,10 +105,35 @@ def _on_local_pieces(op: str, xs: list, args: tuple, kwargs: dict, inplace: bool
     return [dtensor_like(o, x) for o, x in zip(outs, xs)]
 
 
+def _per_tensor(op: str, xs: list, args: tuple, kwargs: dict) -> list:
+    """The foreach op `op` as one out-of-place torch op per tensor (same values; works under
+    `torch.func` transforms). A list argument gives each tensor its own element, anything else
+    is shared.
+    """
+
+    def pick(arg: Any, i: int) -> Any:
+        return arg[i] if isinstance(arg, (list, tuple)) else arg
+
+    out = []
+    for i, x in enumerate(xs):
+        each = [pick(a, i) for a in args]
+        named = {k: pick(v, i) for k, v in kwargs.items()}
+        if op == "norm":
+            out.append(torch.linalg.vector_norm(x, *each, **named))
+        elif op == "zero":
+            out.append(torch.zeros_like(x))
+        else:
+            out.append(getattr(torch, op)(x, *each, **named))
+    return out
+
+
 def copy_into(dst: list[torch.Tensor], src: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`dst[i].copy_(src[i])` for all i; returns `dst`."""
+    """`dst[i].copy_(src[i])` for all i; returns `dst` (under `torch.func` transforms, copies
+    of `src` instead: use the returned list)."""
     if not dst:
         return dst
+    if _torch.functorch_transforms_active():  # vmap: no batching rule for in-place copies
+        return [s.clone() for s in src]
     if is_dtensor(dst[0]):
         # DTensor has no sharding rule for _foreach_copy_ (torch 2.13); copy one by one.
         for d, s in zip(dst, src):
