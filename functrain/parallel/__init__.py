@@ -40,12 +40,15 @@ from .views import full_params, full_value, norms
 if TYPE_CHECKING:
     from .placement import shard_params
     from .plans import LOCAL, Plan, ddp, fsdp, hsdp, resolve_plan, tp
+    from .sync_bn import SyncBatchNorm, sync_batchnorm
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         **dict.fromkeys(("LOCAL", "Plan", "ddp", "fsdp", "hsdp", "resolve_plan", "tp"), ".plans"),
         "shard_params": ".placement",
+        "SyncBatchNorm": ".sync_bn",
+        "sync_batchnorm": ".sync_bn",
     },
 )
 
@@ -79,5 +82,7 @@ __all__ = [
     "running",
     "shard_params",
     "shutdown",
+    "sync_batchnorm",
+    "SyncBatchNorm",
     "tp",
 ]

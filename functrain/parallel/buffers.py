@@ -8,8 +8,8 @@ wrote it. The step therefore makes them identical after each forward pass, as to
 
 Why rank 0's and not the average: a broadcast is exact for every buffer (an average of equal
 values is not exact on 3 ranks, and a constant buffer, such as a mask, must not change), and it is
-what a torch DDP user expects. Batch statistics synchronised across ranks, where N ranks equal one
-process, are a different thing: the forward pass itself must use the global batch's statistics.
+what a torch DDP user expects. For N ranks to equal one process, the forward pass itself must use
+the global batch's statistics: `parallel.sync_bn.sync_batchnorm(model, mesh)` does that.
 
 Integer buffers (BatchNorm's `num_batches_tracked`) advance alike on every rank and are left as
 they are; floating-point buffers travel in one broadcast per dtype.

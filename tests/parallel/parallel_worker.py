@@ -25,6 +25,7 @@ from functrain.parallel import compute as fcompute
 from functrain.parallel import mesh as fmesh
 from functrain.parallel import placement as fplacement
 from functrain.parallel import plans as fplans
+from functrain.parallel import sync_bn as fsync
 
 STEPS = 20
 RESHARD = fplans.fsdp(reshard_after_forward=True)  # gathered per module at use
@@ -504,6 +505,37 @@ def scenario_buffers_identical(plan):
     return run
 
 
+def scenario_sync_batchnorm(plan):
+    """`sync_batchnorm` under `plan`: BatchNorm over the global batch, so N ranks equal one
+    process on the global batch (parameters and running statistics), not only each other."""
+
+    def run(world):
+        opt = functrain.optim.sgd(0.1)
+
+        def reference_bn():
+            torch.manual_seed(0)
+            model = BNNet()
+            state = functrain.init(model, opt, seed=0, plan="local")
+            step = functrain.make_step(model, classify_loss, opt)
+            for batch in batches("mlp", 3):
+                state, _ = step(state, batch)
+            return {**state.params, **state.buffers}
+
+        expected = on_rank0(reference_bn)
+        mesh = mesh_for(world)
+        torch.manual_seed(0)
+        model = fsync.sync_batchnorm(BNNet(), mesh)
+        state = functrain.init(model, opt, seed=0, mesh=mesh, plan=plan)
+        step = functrain.make_step(model, classify_loss, opt)
+        rank, dp = fdist.data_parallel_info(state.layout)
+        for batch in batches("mlp", 3):
+            state, _ = step(state, rank_slice(batch, rank, dp))
+        got = {**fdist.full_params(state.params), **state.buffers}
+        return {"max_error": max_error(got, expected), "names": sorted(got)}
+
+    return run
+
+
 def scenarios_for(world: int) -> dict:
     """The scenarios each world size runs (2 ranks: the broad set; 4: the 2-D meshes)."""
     if world == 4:
@@ -542,6 +574,8 @@ def scenarios_for(world: int) -> dict:
         "optimizer_monitor": _value_scenario(value_scenarios.scenario_optimizer_monitor),
         "bn_ddp": scenario_buffers_identical("ddp"),
         "bn_fsdp": scenario_buffers_identical("fsdp"),
+        "sync_bn_ddp": scenario_sync_batchnorm("ddp"),
+        "sync_bn_fsdp": scenario_sync_batchnorm("fsdp"),
         "nan_monitor": _value_scenario(value_scenarios.scenario_nan_monitor),  # keep last
     }
 

@@ -211,3 +211,12 @@ def test_batchnorm_statistics_are_rank0s_on_every_rank_after_every_step(scenario
     assert res["local_spread"] > 0  # each rank's own forward moved them differently
     assert res["buffer_spread"] == 0.0
     assert res["eval_spread"] == 0.0
+
+
+@pytest.mark.parametrize("scenario", ["sync_bn_ddp", "sync_bn_fsdp"])
+def test_sync_batchnorm_makes_two_ranks_equal_one_process(scenario, tmp_path_factory):
+    """Issue 30.1: with `sync_batchnorm`, 2 ranks train exactly the one-process model on the
+    global batch (parameters and running statistics within 1e-5)."""
+    res = results(2, tmp_path_factory)[scenario]
+    assert "bn.running_var" in res["names"]
+    assert close(res["max_error"]), res["max_error"]
