@@ -7,6 +7,7 @@ Suites:
     distributed       data- and model-parallel scaling (bench/distributed.py)
     time_to_accuracy  speedup algorithms, time to a target accuracy (bench/time_to_accuracy.py)
     update            the ways to run a pure AdamW update, side by side (bench/update_paths.py)
+    ensemble          an 8-member ensemble step, vmapped vs sequential (bench/ensemble.py)
     gpu_check         what only a CUDA GPU shows, one table (bench/gpu_check.py; skips on CPU)
     exits             many short multi-rank runs: aborts and hangs at exit (bench/exits.py)
     scenarios         issue 11's scenario matrix, strength 3 or the full product (bench/scenarios.py)
@@ -39,6 +40,7 @@ SUITES = {
     "time_to_accuracy": ("bench.time_to_accuracy", "main"),
     "gpu_check": ("bench.gpu_check", "main"),
     "update": ("bench.update_paths", "main"),
+    "ensemble": ("bench.ensemble", "main"),
     "exits": ("bench.exits", "main"),
     "scenarios": ("bench.scenarios", "main"),
     "mutants": ("bench.mutants", "main"),
