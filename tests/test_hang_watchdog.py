@@ -142,10 +142,32 @@ def test_outside_a_launch_the_heartbeat_writes_nothing(tmp_path, monkeypatch):
 
 def test_a_finished_rank_and_an_old_attempt_are_never_a_hang(tmp_path):
     watch = watchdog.Watchdog(str(tmp_path), timeout=5.0, hang_dir=str(tmp_path / "h"))
-    for rank, beat in {0: _beat(phase="done", since=0.0), 1: _beat(since=99.0)}.items():
+    watch._attempt = 1  # torchrun restarted the ranks once; attempt 0's files are history
+    beats = {
+        0: _beat(phase="done", since=0.0, attempt=1),
+        1: _beat(since=99.0, attempt=1),
+        2: _beat(since=0.0, attempt=0),
+    }
+    for rank, beat in beats.items():
         (tmp_path / f"heartbeat.rank{rank}.json").write_text(json.dumps(beat))
     watch.look(100.0)
     assert watch.hang is None and not (tmp_path / "h").exists()
+
+
+def test_a_stale_heartbeat_is_a_hang_with_a_stack_file_per_rank(tmp_path):
+    """A rank that does not answer SIGUSR1 (here: no process) still gets its file, saying so."""
+    watch = watchdog.Watchdog(str(tmp_path), timeout=5.0, hang_dir=str(tmp_path / "h"))
+    for rank, since in ((0, 99.0), (1, 90.0)):
+        (tmp_path / f"heartbeat.rank{rank}.json").write_text(json.dumps(_beat(since=since)))
+    watch.look(100.0)
+    assert watch.hang is not None and "rank 0 stuck" in watch.hang and "rank 1 stuck" in watch.hang
+    (folder,) = (tmp_path / "h").iterdir()
+    assert folder.name.startswith("hang-") and f"stacks in {folder}" in watch.hang
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.txt", "rank1.txt"]
+    assert "did not answer SIGUSR1" in (folder / "rank1.txt").read_text()
+    assert watchdog.read_heartbeats(str(tmp_path)) == {}  # the next attempt starts afresh
+    watch.look(200.0)  # one hang per attempt: nothing more happens
+    assert len(list((tmp_path / "h").iterdir())) == 1
 
 
 # -- real launches ------------------------------------------------------------------------------
