@@ -69,6 +69,17 @@ def test_a_bad_hang_timeout_names_the_forms_it_takes():
         watchdog.parse_timeout("soon")
 
 
+def test_the_launcher_takes_the_timeout_600s_by_default_and_says_what_a_bad_one_is(capsys):
+    from functrain.launch.cli import build_parser
+
+    opts = build_parser().parse_args(["train.py"])
+    assert (opts.hang_timeout, opts.hang_dir) == (600.0, None)
+    assert build_parser().parse_args(["--hang-timeout", "0", "train.py"]).hang_timeout == 0.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--hang-timeout", "soon", "train.py"])
+    assert "--hang-timeout 'soon' is not a duration" in capsys.readouterr().err
+
+
 def test_the_main_thread_and_the_innermost_script_frame_are_found():
     assert watchdog.where(watchdog.main_stack(STUCK)) == ("train.py:21 in loss_fn", None)
     frame, waits = watchdog.where(watchdog.main_stack(WAITING))

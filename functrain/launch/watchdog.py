@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import faulthandler
 import json
@@ -57,11 +58,15 @@ _WINDOW = 20  # steps a rank's times are averaged over (functrain.loop.heartbeat
 _NOISE = 0.01  # seconds: a difference below this is the machine's jitter, never a straggler  # consecutive looks over the line before a rank is named
 
 
+class BadTimeout(argparse.ArgumentTypeError, ValueError):
+    """A `--hang-timeout` that is not a duration (argparse prints this message as it is)."""
+
+
 def parse_timeout(text: str) -> float:
     """Seconds from `"120s"`, `"10m"`, `"1h"` or a plain number; 0 turns the watchdog off."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(s|m|min|h)?\s*", str(text))
     if match is None:
-        raise ValueError(
+        raise BadTimeout(
             f"--hang-timeout {text!r} is not a duration: give seconds ('600', '120s'), minutes "
             "('10m') or hours ('1h'), or 0 to turn the hang watchdog off"
         )
