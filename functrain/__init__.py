@@ -31,6 +31,7 @@ from .export import export
 from .loop import StepError, evaluate, events, fit, predict
 from .loop.events import CallbackError, Context, Event
 from .loop.fit_state import FitState
+from .loop.lr_find import LRFindResult, lr_find
 from .loop.options import FitOptions, FitResult
 from .rng import RngState, key_for
 from .state import TrainState, init
@@ -52,6 +53,7 @@ __all__ = [
     "FitResult",
     "FitState",
     "GradResult",
+    "LRFindResult",
     "RngState",
     "Step",
     "StepError",
@@ -79,6 +81,7 @@ __all__ = [
     "key_for",
     "loggers",
     "loop",
+    "lr_find",
     "make_step",
     "metrics",
     "models",
@@ -87,5 +90,20 @@ __all__ = [
     "recipes",
     "rng",
     "schedules",
+    "testing",
     "tree",
 ]
+
+
+def __getattr__(name: str):
+    # `functrain.testing` needs hypothesis, a test dependency: imported when first read, so
+    # `import functrain` works without it.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"testing"})

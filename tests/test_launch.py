@@ -17,6 +17,7 @@ import pytest
 
 from functrain.checkpoint import Manager
 from functrain.launch import status
+from functrain.loop import launch_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -116,7 +117,7 @@ def test_records_round_trip_through_the_status_folder(tmp_path, monkeypatch):
     monkeypatch.setenv(status.STATUS_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    status.record_checkpoint(4, "file:///x/step_4")
+    launch_record.record_commit(4, "file:///x/step_4")
     status.write_exit_record(0, ["SIGTERM"])
     (tmp_path / "rank9.exit.json").write_text("{not json")  # a damaged record is skipped
     records = status.read_records(str(tmp_path))

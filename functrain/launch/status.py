@@ -3,8 +3,8 @@
 Under the launcher each rank leaves two small JSON records in a folder the launcher names
 (`FUNCTRAIN_LAUNCH_STATUS`; nothing is written outside a launch):
 
-- `rank<R>.checkpoint.json` (R: the global rank): the newest checkpoint a `functrain.checkpoint.Manager` of that rank
-  committed (step, URL, time), rewritten at each commit;
+- `rank<R>.checkpoint.json` (R: the global rank): the newest checkpoint that rank's `fit`
+  committed (step, URL, time), rewritten at each commit by `functrain.loop.launch_record`;
 - `rank<R>.exit.json`: written by the worker wrapper when the script ends: its exit code and the
   stop signals (SIGTERM, SIGINT) the process received while a Python handler (fit's) caught them.
 
@@ -13,7 +13,7 @@ names the rank that failed first (a rank stopped because a peer died never is), 
 stop ended: "stopped by SIGTERM; all 2 ranks checkpointed at step 7 and exited".
 
 Example:
-    >>> record_checkpoint(7, "file:///runs/a/step_000000007")   # in a rank, after a commit
+    >>> record_commit(7, "file:///runs/a/step_000000007")  # in a rank (functrain.loop.launch_record)
     >>> records = read_records(folder)                            # in the launcher
 """
 
@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..loop.launch_record import STATUS_ENV
+
 __all__ = [
     "STATUS_ENV",
     "RankRecord",
@@ -36,13 +38,11 @@ __all__ = [
     "first_stop",
     "own_codes",
     "read_records",
-    "record_checkpoint",
     "root_failure",
     "stop_line",
     "write_exit_record",
 ]
 
-STATUS_ENV = "FUNCTRAIN_LAUNCH_STATUS"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 # Errors a rank gets because *another* rank died: never the one to report.
@@ -75,17 +75,6 @@ def _write_json(path: str, value: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(value, f)
     os.replace(tmp, path)  # the launcher never reads half a record
-
-
-def record_checkpoint(step: int | None, url: str) -> None:
-    """Tell the launcher (if any) that this rank's manager committed `url` at `step`."""
-    path = _record_path("checkpoint")
-    if path is None:
-        return
-    try:
-        _write_json(path, {"step": step, "url": url, "time": time.time()})
-    except OSError:  # the launcher's folder is gone: nothing to tell
-        pass
 
 
 class SignalLog:
