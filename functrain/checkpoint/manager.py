@@ -5,7 +5,8 @@ A small facade over the four parts of the job, each in its own module:
 - `schedule.SaveSchedule`: when a save is due (a pure question about the run's position);
 - `background.BackgroundWriter`: the copy off the device and the write in a worker thread;
 - `root.Root`: the directory of checkpoints -- its lease, listing, retention and set-aside;
-- `restore.restore_newest`: the newest checkpoint that verifies, agreed on by every rank.
+- `restore.restore_newest`: the newest checkpoint that verifies, agreed on by every rank;
+- `tiers.Tiers`: the optional fast local tier (`local=LocalTier(...)`) between root saves.
 
 `save(state)` blocks only for the copy off the device; retention runs after each commit, never
 deleting the newest. `restore(like)` loads the newest checkpoint that verifies (a damaged newer
@@ -47,6 +48,7 @@ from .root import (
 )
 from .schedule import SaveSchedule
 from .staging import Staged
+from .tiers import LocalTier, Tiers
 
 OnCommit = Callable[[int, str], None]
 
@@ -86,6 +88,8 @@ class Manager:
             results ("eval/accuracy", ...) with each save; `save(metrics=...)` otherwise.
         monitor: the metric `keep_best` ranks by, e.g. "eval/accuracy".
         mode: "max" (higher is better) or "min".
+        local: a `LocalTier`: fast rank-local snapshots (and peer replicas) between the saves
+            to `root`; `restore` takes the newest step every rank can load from either.
     Example:
         >>> manager = Manager("/runs/a", every="100ba", keep_last=3, keep_every=1000)
         >>> functrain.fit(step, state, data, duration="10ep", checkpoints=manager, autoresume=True)
@@ -110,6 +114,7 @@ class Manager:
         keep_best: int | None = None,
         monitor: str | None = None,
         mode: str = "max",
+        local: LocalTier | None = None,
     ):
         loc = storage.resolve(root, storage_options)
         self.storage_options = storage_options
@@ -149,6 +154,9 @@ class Manager:
         self.keep_last, self.keep_every = keep_last, keep_every  # (what the root applies)
         self._last_index: int | None = None  # the schedule's index of the last save or restore
         self._known: set[int] = set()  # steps this manager wrote or restored
+        if local is not None and not isinstance(local, LocalTier):
+            raise TypeError(f"local must be a LocalTier or None, got {local!r}")
+        self._tiers = None if local is None else Tiers(local, self._root.rank, process_group)
         self._closed = False
 
     @property
@@ -162,11 +170,7 @@ class Manager:
         return self.schedule.every
 
     def subscribe(self, fn: OnCommit) -> None:
-        """Call `fn(step, url)` after each commit (once, however often it is subscribed).
-
-        Example:
-            >>> manager.subscribe(lambda step, url: print("saved", step, url))
-        """
+        """Call `fn(step, url)` after each commit (once, however often it is subscribed)."""
         if not callable(fn):
             raise TypeError(f"on_commit takes functions (step, url) -> None, got {fn!r}")
         if fn not in self._on_commit:
@@ -176,15 +180,17 @@ class Manager:
 
     def should_save(self, timestamp: Timestamp) -> bool:
         """True when the run has completed an interval of `every` since the last save (or the
-        restore it resumed from); before either, since the start of the run.
-
-        A question only: asking twice gives the same answer; `save` records what was saved.
+        restore it resumed from), or a snapshot of the local tier is due; before either, since
+        the start of the run. A question: `save` records what was saved.
         """
-        return self.schedule.due(timestamp, self._last_index)
+        local = self._tiers is not None and self._tiers.due(timestamp.batch)
+        return local or self.schedule.due(timestamp, self._last_index)
 
     # -- saving -------------------------------------------------------------------------------
 
-    def save(self, state: Any, force: bool = False, *, metrics: dict | None = None) -> str:
+    def save(
+        self, state: Any, force: bool = False, *, metrics: dict | None = None, scheduled=False
+    ) -> str:
         """Save `state` as the checkpoint of step `state.step` (asynchronously by default).
 
         The caller decides when (usually with `should_save`). A committed checkpoint of the same
@@ -196,6 +202,7 @@ class Manager:
             force: rewrite an existing checkpoint of the same step.
             metrics: `{name: number}` recorded with the checkpoint (what `keep_best` ranks by);
                 values that are not finite numbers are left out.
+            scheduled: save only to the tiers `should_save` found due (else always to `root`).
         Returns:
             the checkpoint's URL (committed once `wait()` returns, for asynchronous saves).
         Raises:
@@ -212,8 +219,16 @@ class Manager:
                 f"{type(state).__name__} with step {step!r}"
             )
         self._root.take_lease()
+        timestamp: Any = getattr(state, "timestamp", None)
+        batch = timestamp.batch if isinstance(timestamp, Timestamp) else step
+        if self._tiers is not None and self._tiers.due(batch):
+            url = self._tiers.save(state, step, batch)  # synchronous: local storage is fast
+            if scheduled and not self.schedule.due(
+                timestamp, self._last_index
+            ):  # (fit's Timestamp)
+                return url
         loc = self.root.child(layout.step_dir_name(step))
-        self._mark(getattr(state, "timestamp", None))
+        self._mark(timestamp)
         if not force and writer.committed(loc):
             if step in self._known:
                 return loc.url
@@ -236,28 +251,9 @@ class Manager:
             if index is not None:
                 self._last_index = max(index, self._last_index or 0)
 
-    def _write(
-        self,
-        staged: Staged,
-        loc: storage.Location,
-        overwrite: bool,
-        step: int,
-        metrics: dict[str, float],
-    ) -> None:
-        lease = self._root.lease
-        writer.write(
-            staged,
-            loc,
-            group=self._root.group,
-            overwrite=overwrite,
-            before_write=self._root.collect_garbage,
-            before_commit=None if lease is None else lease.check,
-            owner=None if lease is None else lease.owner,
-            metrics=metrics,
-        )
+    def _write(self, staged: Staged, loc, overwrite: bool, step: int, metrics: dict) -> None:
+        self._root.write(staged, loc, overwrite=overwrite, metrics=metrics)
         self._known.add(step)
-        if staged.rank == 0:
-            self._root.apply_retention()
         for fn in self._on_commit:
             fn(step, loc.url)
 
@@ -313,7 +309,7 @@ class Manager:
         self._root.take_lease()
         options = dict(strict=strict, ignore=ignore, weights_only=weights_only, inplace=inplace)
         self.restored_from = None
-        found = restore_newest(self._root, like, options, fallback=self.fallback)
+        found = restore_newest(self._root, like, options, fallback=self.fallback, tiers=self._tiers)
         self._root.housekeeping()
         if found is None:
             if self.init_from is None:
@@ -330,6 +326,8 @@ class Manager:
         self.restored_from = loc.url
         self._known.add(step)
         timestamp = getattr(state, "timestamp", None)
+        if self._tiers is not None:  # the next local snapshot is due an interval after it
+            self._tiers.last = getattr(timestamp, "batch", step)
         if isinstance(timestamp, Timestamp):
             self._last_index = self.schedule.index(timestamp)
         return state
@@ -345,9 +343,6 @@ class Manager:
                 (its commit checks the lease), release it otherwise.
         Raises:
             CheckpointError: the save in flight failed (`wait=True`).
-        Example:
-            >>> functrain.fit(step, state, data, checkpoints=manager)   # releases on return
-            >>> manager.save(state)                                     # takes the lease again
         """
         if self._closed:
             return
@@ -359,9 +354,11 @@ class Manager:
             self._root.release_lease()
             self._background.close()  # no thread or group outlives the run that used them
 
-    def close(self) -> None:
+    def close(self, keep_local: bool = False) -> None:
         """Wait for the save in flight, apply retention, release the lease, the thread and the
-        process group. A closed manager cannot save or restore again."""
+        process group, and delete this rank's local tier (`keep_local`: keep it for a restart;
+        `with` keeps it when an exception ends the block). A closed manager cannot save or
+        restore again."""
         if self._closed:
             return
         try:
@@ -371,11 +368,17 @@ class Manager:
             self._closed = True
             self._root.release_lease()
             self._background.close()
+            if self._tiers is not None:
+                self._tiers.close()
+                if not keep_local:
+                    self._tiers.remove()
 
     def _open(self) -> None:
         """The thread and group `release` gave back, made again (collective)."""
         self._background.open()
         self._root.group = self._background.group
+        if self._tiers is not None:
+            self._tiers.open()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -384,8 +387,8 @@ class Manager:
     def __enter__(self) -> Manager:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        self.close(keep_local=kind is not None)  # a run that failed is restarted from it
 
     def __repr__(self) -> str:
         return (

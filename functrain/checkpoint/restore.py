@@ -17,6 +17,7 @@ from typing import Any
 from . import layout, reader, storage, writer
 from .errors import CheckpointCorruptError, CheckpointError
 from .root import Root, committed
+from .tiers import Tiers
 
 # What each rank reports after trying a checkpoint: 0 loaded, 1.. a kind of damage, then any
 # other failure.
@@ -24,21 +25,29 @@ _OTHER_FAILURE = len(layout.SET_ASIDE_REASONS) + 1
 
 
 def restore_newest(
-    root: Root, like: Any, options: dict, *, fallback: bool
+    root: Root, like: Any, options: dict, *, fallback: bool, tiers: Tiers | None = None
 ) -> tuple[Any, int, storage.Location] | None:
-    """Load the newest committed checkpoint of `root` that verifies (collective).
+    """Load the newest committed checkpoint of `root` that verifies, or a snapshot of the local
+    `tiers` newer than it that every rank can load (collective).
 
     Args:
         root: the Manager root (its lease taken).
         like: the structure to load into.
         options: keyword arguments of `reader.load` (strict, ignore, weights_only, inplace).
         fallback: set a damaged checkpoint aside and try the next older one; False: raise.
+        tiers: the manager's local tier, if any.
     Returns:
         `(state, its step, its location)`, or None when no checkpoint is left to try.
     Raises:
         CheckpointCorruptError: the newest checkpoint is damaged and `fallback` is False.
         CheckpointError: a rank failed for another reason.
     """
+    if tiers is not None:
+        listed = committed(root.loc) if root.rank == 0 else []
+        shared = writer.share_text(str(listed[-1][0] if listed else -1), root.group)
+        snapshot = tiers.restore(like, options, newer_than=int(shared or -1))
+        if snapshot is not None:
+            return snapshot
     tried: set[int] = set()
     while True:
         newest = None

@@ -166,6 +166,23 @@ class Root:
             if step not in keep:
                 retention.delete_checkpoint(loc)
 
+    def write(self, staged: Any, loc: storage.Location, *, overwrite: bool, metrics: dict) -> None:
+        """Write a staged state as the checkpoint at `loc` under the lease, then apply retention
+        (collective; a Manager's writing thread)."""
+        lease = self.lease
+        writer.write(
+            staged,
+            loc,
+            group=self.group,
+            overwrite=overwrite,
+            before_write=self.collect_garbage,
+            before_commit=None if lease is None else lease.check,
+            owner=None if lease is None else lease.owner,
+            metrics=metrics,
+        )
+        if staged.rank == 0:
+            self.apply_retention()
+
     def housekeeping(self) -> None:
         """Clean-up and retention outside a save (a resumed run may never save again);
         collective: every rank raises when rank 0 failed."""

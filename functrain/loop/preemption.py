@@ -272,7 +272,7 @@ def restore_latest(
         restored = manager.restore(like=like, ignore=ignore, inplace=inplace)
     except CheckpointMismatchError as error:
         raise CheckpointMismatchError(_mismatch_help(manager.latest(), error)) from error
-    path = manager.latest()  # after restore: a damaged newer checkpoint may have been set aside
+    path = manager.restored_from  # the root's or a local tier's (None: init_from)
     if restored is None:
         return None
     if path is None:  # the weights of Manager(init_from=...): a new run, nothing else to load

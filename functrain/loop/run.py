@@ -171,7 +171,7 @@ class FitRun:
                 if bool(ts.batches_per_epoch) and ts.batch_in_epoch >= ts.batches_per_epoch:
                     break  # the last batch of the epoch: _end_epoch saves and stops
                 if self.checkpoints is not None and self.checkpoints.should_save(ts):
-                    self._checkpoint()
+                    self._checkpoint(scheduled=True)
                 if self.boundary.stop or self._done():
                     epoch_complete = False  # the final checkpoint is written in run()
                     break
@@ -248,7 +248,7 @@ class FitRun:
         if self.checkpoints is not None and (
             self.checkpoints.should_save(before) or self.checkpoints.should_save(after)
         ):
-            self._checkpoint()
+            self._checkpoint(scheduled=True)
 
     # -- the agreed step boundary --------------------------------------------------------------
 
@@ -330,13 +330,13 @@ class FitRun:
         self.ctx.log({f"eval/{k}": v for k, v in results.items()}, step=self._batch())
         self.last_eval_batch = self.boundaries.synced_batch = self._batch()
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, scheduled: bool = False) -> None:  # scheduled: only the tiers due
         if self.checkpoints is None or self.last_saved_batch == self._batch():
             return
         self.beat.phase("checkpoint", self._batch())
         self.state = with_loop_extra(self.state, self.names, self.callbacks, self.source)
         metrics = {f"eval/{k}": v for k, v in self.ctx.eval_metrics.items()}  # for keep_best
-        path = self.checkpoints.save(self.state, metrics=metrics)
+        path = self.checkpoints.save(self.state, metrics=metrics, scheduled=scheduled)
         self.last_saved_batch = self.boundaries.synced_batch = self._batch()
         self.ctx.checkpoint_path = path
         self._emit(Event.CHECKPOINT)

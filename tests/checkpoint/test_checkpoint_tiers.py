@@ -1,0 +1,186 @@
+"""Checkpoints in tiers: a fast local tier (own snapshot + a peer's replica) beside the root.
+
+In one process: the interval law, the arguments refused, a damaged own snapshot falling back to
+the replica, then to the root, and the tier deleted when the manager closes. In real processes
+(gloo, two ranks on two simulated nodes): a rank killed and its node's tier deleted resumes from
+the peer's replica at the local step and ends bit-identical to an uninterrupted run; with both
+of the node's copies gone it resumes from the root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import functrain
+from functrain.checkpoint import Manager
+from functrain.checkpoint.tiers import LocalTier
+from functrain.data import Loader
+from functrain.tree import leaves_with_paths
+
+WORKER = os.path.join(os.path.dirname(__file__), "tiers_worker.py")
+
+
+@given(every=st.integers(1, 20), batches=st.lists(st.integers(1, 200), max_size=30))
+def test_a_snapshot_is_due_once_per_completed_interval(every, batches):
+    tier, last, taken = LocalTier("/a", every=every), None, []
+    for batch in sorted(set(batches)):
+        if tier.due(batch, last):
+            taken.append(batch)
+            last = batch
+    assert len({b // every for b in taken}) == len(taken)  # never twice in one interval
+    assert all(b >= every for b in taken)
+    if batches:
+        assert (last or 0) // every == max(batches) // every  # the newest interval is covered
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(every=0), "every"),
+        (dict(every=2, keep_last=0), "keep_last"),
+        (dict(every=2, peer="/a"), "another node"),
+    ],
+)
+def test_a_tier_that_cannot_work_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LocalTier("/a", **kwargs)
+
+
+def _loss(model, batch):
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def _build():
+    torch.manual_seed(0)
+    x = torch.randn(48, 4, generator=torch.Generator().manual_seed(0))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = functrain.optim.adamw(lr=1e-2)
+    data = torch.utils.data.TensorDataset(x, x @ torch.ones(4, 1))
+    return functrain.make_step(model, _loss, opt), functrain.init(model, opt, seed=0), data
+
+
+class _CrashAt:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def batch_end(self, ctx):
+        if ctx.timestamp.batch == self.batch:
+            raise RuntimeError("simulated crash")
+
+
+def _fit(root, tier, crash=None):
+    step, state, data = _build()
+    callbacks = [] if crash is None else [_CrashAt(crash)]
+    with Manager(root, every="5ba", local=tier) as manager:
+        return functrain.fit(step, state, Loader(data, 8, seed=1), duration="12ba",
+                             checkpoints=manager, autoresume=True, callbacks=callbacks,
+                             progress=False, return_result=True)  # fmt: skip
+
+
+def _same(a, b):
+    ta = dict(leaves_with_paths(a))
+    tb = dict(leaves_with_paths(b))
+    assert sorted(ta) == sorted(tb)
+    for key, value in ta.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, tb[key]), key
+
+
+@pytest.mark.parametrize("damage", ["none", "own", "own_and_replica"])
+def test_resume_takes_the_newest_copy_that_loads(tmp_path, damage):
+    reference = _fit(tmp_path / "ref", None).state
+    tier = LocalTier(tmp_path / "node0", every=2, peer=tmp_path / "node1")
+    with pytest.raises(functrain.CallbackError, match="simulated crash"):
+        _fit(tmp_path / "root", tier, crash=9)
+    own = tmp_path / "node0" / "rank0"
+    assert sorted(os.listdir(own)) == ["step_000000006", "step_000000008"]  # keep_last=2
+    if damage != "none":
+        for chunk in (own / "step_000000008").rglob("c/*/*"):
+            chunk.write_bytes(b"damaged" + chunk.read_bytes())  # every array fails its digest
+            break
+        else:
+            pytest.fail("no chunk found to damage")
+    if damage == "own_and_replica":
+        shutil.rmtree(tmp_path / "node1" / "replica-rank0")
+    resumed = _fit(tmp_path / "root", tier)
+    expected = {
+        "none": "node0/rank0/step_000000008",
+        "own": "node1/replica-rank0/step_000000008",
+        "own_and_replica": "node0/rank0/step_000000006",  # the older own snapshot verifies
+    }[damage]
+    assert resumed.resumed_from.endswith(expected)
+    assert resumed.finished
+    _same(reference, resumed.state)
+    assert not own.exists() and not (tmp_path / "node1" / "replica-rank0").exists()  # closed
+
+
+def test_without_any_snapshot_the_root_is_used(tmp_path):
+    reference = _fit(tmp_path / "ref", None).state
+    tier = LocalTier(tmp_path / "node0", every=2, peer=tmp_path / "node1")
+    with pytest.raises(functrain.CallbackError):
+        _fit(tmp_path / "root", tier, crash=9)
+    shutil.rmtree(tmp_path / "node0")
+    shutil.rmtree(tmp_path / "node1")
+    resumed = _fit(tmp_path / "root", tier)
+    assert resumed.resumed_from.endswith("root/step_000000005")
+    _same(reference, resumed.state)
+
+
+# -- real processes: two ranks on two simulated nodes ---------------------------------------------
+
+
+def _launch(base, name, *extra):
+    run = base / name
+    (run / "out").mkdir(parents=True, exist_ok=True)
+    rendezvous = run / f"rdv{len(list(run.glob('rdv*')))}"
+    cmd = [sys.executable, WORKER, str(base / "root"), str(base / "local"), str(run / "out"),
+           str(rendezvous), *extra]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def _results(run):
+    return [json.loads((run / "out" / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reference")
+    done = _launch(base, "ref")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _results(base / "ref")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lost", ["own_tier", "both_copies"])
+def test_a_killed_rank_resumes_from_the_peer_replica(tmp_path, uninterrupted, lost):
+    crashed = _launch(tmp_path, "crash", "--crash-at", "16")
+    assert crashed.returncode != 0
+    assert not (tmp_path / "crash" / "out" / "rank1.json").exists()
+    node1 = tmp_path / "local" / "node1"
+    assert sorted(os.listdir(node1 / "rank1")) == ["step_000000012", "step_000000015"]
+    shutil.rmtree(node1)  # the node is gone, and its tier with it
+    if lost == "both_copies":
+        shutil.rmtree(tmp_path / "local" / "node0" / "replica-rank1")
+    resumed = _launch(tmp_path, "resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ranks = _results(tmp_path / "resume")
+    if lost == "own_tier":
+        assert ranks[0]["resumed_from"].endswith("node0/rank0/step_000000015")
+        assert ranks[1]["resumed_from"].endswith("node0/replica-rank1/step_000000015")
+    else:  # rank 1 has no snapshot at all: every rank takes the root's step 10
+        assert all(r["resumed_from"].endswith("root/step_000000010") for r in ranks)
+    for rank, reference in zip(ranks, uninterrupted):
+        assert rank["step"] == 20
+        assert rank["params"] == reference["params"]  # bit for bit (exact hex floats)
+        assert rank["local_after_close"] == []  # a finished run leaves no local tier behind

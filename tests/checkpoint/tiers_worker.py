@@ -1,0 +1,129 @@
+"""Ranks of test_checkpoint_tiers.py's multi-process tests (gloo, forked so torch loads once).
+
+    python tiers_worker.py ROOT LOCAL OUT RENDEZVOUS [--crash-at N] [--rollback]
+
+Two ranks, each on its own simulated node: rank r's local tier is LOCAL/node<r> and its replica
+goes to the other node's folder. A DDP run of 20 batches saves to ROOT every 10 batches and to
+the local tier every 3; with --crash-at N rank 1 SIGKILLs itself at the end of batch N (the
+other rank fails in its next collective and the parent stops it). Each rank that finishes
+writes OUT/rank<r>.json: where it resumed from and its final parameters as exact hex floats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import functrain
+from functrain.checkpoint import Manager
+from functrain.checkpoint.tiers import LocalTier
+from functrain.data import Loader
+
+STEPS = 20
+
+
+class CrashAt:
+    def __init__(self, batch: int, rank: int):
+        self.batch, self.rank = batch, rank
+
+    def batch_end(self, ctx):
+        if self.rank == 1 and ctx.timestamp.batch == self.batch:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def exact(state) -> dict:
+    return {
+        name: [float(v).hex() for v in tensor.detach().full_tensor().flatten().tolist()]
+        if hasattr(tensor, "full_tensor")
+        else [float(v).hex() for v in tensor.detach().flatten().tolist()]
+        for name, tensor in state.params.items()
+    }
+
+
+def run_rank(rank: int, args) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{args.rendezvous}", rank=rank,
+                            world_size=2, timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    torch.set_num_threads(1)
+    try:
+        mesh = functrain.parallel.init_mesh()
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 4, generator=generator)
+        data = torch.utils.data.TensorDataset(x, x @ torch.ones(4, 1))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = functrain.optim.adamw(lr=1e-2)
+        state = functrain.init(model, opt, seed=0, mesh=mesh, plan="ddp")
+        step = functrain.make_step(model, loss_fn, opt)
+        nodes = [os.path.join(args.local, f"node{r}") for r in range(2)]
+        local = LocalTier(nodes[rank], every=3, peer=nodes[1 - rank], keep_last=2)
+        callbacks = [CrashAt(args.crash_at, rank)] if args.crash_at else []
+        with Manager(args.root, every="10ba", keep_last=2, local=local) as manager:
+            result = functrain.fit(step, state, Loader(data, 8, seed=0), duration=f"{STEPS}ba",
+                                   callbacks=callbacks, checkpoints=manager, autoresume=True,
+                                   log_interval=None, progress=False, return_result=True)  # fmt: skip
+            local_after = sorted(os.listdir(nodes[rank])) if os.path.isdir(nodes[rank]) else []
+        dist.barrier()  # both closed: each removed its snapshots and its replica
+        seen = {
+            "resumed_from": result.resumed_from,
+            "step": result.state.step,
+            "params": exact(result.state),
+            "local_before_close": local_after,
+            "local_after_close": os.listdir(nodes[rank]) if os.path.isdir(nodes[rank]) else [],
+        }
+        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+            json.dump(seen, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("root", "local", "out", "rendezvous"):
+        parser.add_argument(name)
+    parser.add_argument("--crash-at", type=int, default=0)
+    args = parser.parse_args()
+    children = []
+    for rank in range(2):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                run_rank(rank, args)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children.append(pid)
+    failed = False
+    for _ in children:
+        pid, status = os.wait()
+        if status != 0 and not failed:
+            failed = True
+            for other in children:
+                if other != pid:
+                    try:
+                        os.kill(other, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
