@@ -144,6 +144,28 @@ def test_the_heartbeat_writes_step_and_phase_for_the_launcher(tmp_path, monkeypa
     assert record["pid"] == os.getpid()
 
 
+def test_a_fit_that_raised_is_done_so_the_script_may_go_on_unwatched(tmp_path, monkeypatch):
+    """A test suite under the launcher: one test's `fit` raises, the next tests run no `fit`."""
+    monkeypatch.setenv("FUNCTRAIN_LAUNCH_STATUS", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+
+    class Run:  # FitRun's shape: `run` beats through `self.beat`
+        def __init__(self):
+            self.beat = Heartbeat.of_launch(run_dir=None)
+            self.beat.interval = 0.01
+
+        def run(self):
+            self.beat.beat(Event.BATCH_START, 3)
+            raise RuntimeError("the step failed")
+
+    fit = Run()
+    with pytest.raises(RuntimeError):
+        fit.run()
+    assert fit.beat._thread is not None
+    fit.beat._thread.join(timeout=30)
+    assert watchdog.read_heartbeats(str(tmp_path))[0]["phase"] == "done"
+
+
 def test_outside_a_launch_the_heartbeat_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.delenv("FUNCTRAIN_LAUNCH_STATUS", raising=False)
     beat = Heartbeat.of_launch(run_dir=str(tmp_path))

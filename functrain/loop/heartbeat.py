@@ -22,8 +22,10 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sys
 import threading
 import time
+from typing import Any
 
 from .events import Event
 from .launch_record import STATUS_ENV
@@ -62,6 +64,7 @@ class Heartbeat:
         self._data_since: float | None = None
         self._version = 0
         self._thread: threading.Thread | None = None
+        self._owner: tuple[int, Any] | None = None  # (thread id, frame of FitRun.run)
 
     @classmethod
     def of_launch(cls, run_dir: str | None) -> Heartbeat:
@@ -93,6 +96,7 @@ class Heartbeat:
         self._since = time.time() if now is None else now
         self._version += 1
         if self._thread is None:
+            self._owner = _run_frame(self)
             self._thread = threading.Thread(target=self._write_loop, daemon=True)
             self._thread.start()
 
@@ -115,9 +119,25 @@ class Heartbeat:
             "run_dir": self.run_dir,
         }
 
+    def _running(self) -> bool:
+        """Whether the fit is still on its thread's stack (a fit that raised publishes "done":
+        the script may go on with anything, e.g. the next test of a suite, for any time)."""
+        if self._owner is None:
+            return True
+        tid, owner = self._owner
+        frame = sys._current_frames().get(tid)
+        while frame is not None:
+            if frame is owner:
+                return True
+            frame = frame.f_back
+        return False
+
     def _write_loop(self) -> None:
         written = -1
         while True:
+            if self._phase != "done" and not self._running():
+                self._phase = "done"
+                self._version += 1
             version, done = self._version, self._phase == "done"
             if version != written:
                 self._write(self.record())
@@ -135,3 +155,14 @@ class Heartbeat:
             os.replace(tmp, self.path)  # the launcher never reads half a record
         except OSError:  # the launcher's folder is gone: nothing to tell
             pass
+
+
+def _run_frame(beat: Heartbeat) -> tuple[int, Any] | None:
+    """The calling thread and the frame of the `FitRun.run` that owns `beat` (None: not found)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "run" else None
+        if getattr(owner, "beat", None) is beat:
+            return threading.get_ident(), frame
+        frame = frame.f_back
+    return None
