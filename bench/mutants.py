@@ -12,7 +12,7 @@ replace a `+`, one, chosen by the seed), and at most `--max` of those, sampled w
 `--max 0` keeps them all. Not part of `.ci/run` (minutes per module on 2 cores).
 
 Example:
-    python -m bench mutants --module functrain/time.py --max 40
+    python -m bench mutants --module functrain/units.py --max 40
     python -m bench mutants --module functrain/schedules/base.py --tests tests/schedules
     python -m bench mutants --catalogue        # every core module below (long)
 """
@@ -41,12 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # Each mutant costs one run of its module's tests, so these are the module's own test file(s),
 # not the package's (`--baseline` times one run of each).
 CATALOGUE = {
-    "functrain/time.py": ["tests/test_time.py"],
+    "functrain/units.py": ["tests/test_units.py"],
     "functrain/schedules/base.py": ["tests/schedules/test_schedules_base.py",
                                     "tests/schedules/test_schedules_scaling.py"],
     "functrain/schedules/decay.py": ["tests/schedules/test_schedules_decay.py"],
     "functrain/schedules/warmup.py": ["tests/schedules/test_schedules_warmup.py"],
     "functrain/schedules/scaling.py": ["tests/schedules/test_schedules_scaling.py"],
+    "functrain/schedules/one_cycle.py": ["tests/schedules/test_schedules_one_cycle.py"],
     # the DTensor global norm: 2 spawned ranks, ~2 min here, run last (fastest first)
     "functrain/optim/base.py": ["tests/optim/test_optim_base.py",
                                 "tests/optim/test_optim_laws.py",
@@ -64,6 +65,7 @@ CATALOGUE = {
     "functrain/optim/fused_cache.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/fused_groups.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/recipe.py": ["tests/optim/test_optim_fused.py"],
+    "functrain/optim/executor.py": ["tests/optim/test_optim_fused.py", "tests/test_step.py"],
     "functrain/optim/kernels.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/buffers.py": ["tests/optim/test_optim_pure_step.py"],
     "functrain/optim/_foreach.py": ["tests/optim/test_optim_sgd.py",
@@ -115,11 +117,11 @@ CATALOGUE = {
     "functrain/data/order.py": ["tests/test_data.py"],
     "functrain/data/loader.py": ["tests/test_data.py"],
     "functrain/data/source.py": ["tests/test_data.py"],
-    "functrain/pieces.py": ["tests/test_step.py"],
+    "functrain/step/pieces.py": ["tests/test_step.py"],
     # the fused kernel inside the step: only the optim file counts the kernels that run
-    "functrain/step.py": ["tests/test_step.py", "tests/optim/test_optim_fused.py"],
-    "functrain/step_grads.py": ["tests/test_step.py"],
-    "functrain/step_plan.py": ["tests/test_step_plan.py", "tests/test_step.py"],
+    "functrain/step/make.py": ["tests/test_step.py", "tests/optim/test_optim_fused.py"],
+    "functrain/step/grads.py": ["tests/test_step.py"],
+    "functrain/step/plan.py": ["tests/test_step_plan.py", "tests/test_step.py"],
     "functrain/checkpoint/writer.py": ["tests/checkpoint/test_checkpoint_writer.py",
                                        "tests/checkpoint/test_checkpoint_commit_phases.py",
                                        "tests/parallel/test_parallel_two_ranks.py"],

@@ -122,9 +122,10 @@ def test_the_catalogue_covers_every_core_module_with_existing_tests():
         for p in (ROOT / "functrain" / package).glob("*.py")
         if p.name != "__init__.py"
     }
-    core |= {f"functrain/{m}.py" for m in ("step", "step_grads", "step_plan", "pieces", "data",
-                                           "time", "checkpoint/writer", "checkpoint/reader",
-                                           "parallel/compute", "parallel/plans")}  # fmt: skip
+    core |= {f"functrain/{m}.py" for m in ("step/make", "step/grads", "step/plan", "step/pieces",
+                                           "data/loader", "units", "checkpoint/writer",
+                                           "checkpoint/reader", "parallel/compute",
+                                           "parallel/plans")}  # fmt: skip
     assert sorted(core - set(CATALOGUE)) == []
     for module, tests in CATALOGUE.items():
         assert (ROOT / module).is_file(), module
