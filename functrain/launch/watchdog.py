@@ -142,8 +142,11 @@ def where(frames: list[tuple[str, int, str]]) -> tuple[str, str | None]:
     return f"{os.path.basename(file)}:{line} in {func}", waits
 
 
-def hang_line(beats: dict[int, dict], stacks: dict[int, str], now: float, folder: str) -> str:
-    """The line naming the ranks that are behind (see the module's docstring)."""
+def hang_line(
+    beats: dict[int, dict], stacks: dict[int, str], now: float, folder: str, timeout: float = 0.0
+) -> str:
+    """The line naming the ranks that are behind (see the module's docstring); a rank that
+    neither waits nor stood still for `timeout` seconds is named as running."""
     info = {}
     for rank, beat in sorted(beats.items()):
         frame, waits = where(main_stack(stacks.get(rank, "")))
@@ -156,18 +159,23 @@ def hang_line(beats: dict[int, dict], stacks: dict[int, str], now: float, folder
     def idle(rank: int) -> int:
         return round(now - info[rank][0].get("since", now))
 
-    stuck = [r for r in info if info[r][2] is None]
     waiting = [r for r in info if info[r][2] is not None]
+    running = [r for r in info if r not in waiting and 0 < timeout and idle(r) < timeout]
+    stuck = [r for r in info if r not in waiting and r not in running]
     if stuck:
         parts = [f"rank {r} stuck in {said(r)} for {idle(r)} s" for r in stuck]
         line = "; ".join(parts)
         if waiting:
             names = sorted({info[r][2] or "" for r in waiting})
             line += f"; ranks {waiting} wait in a collective ({', '.join(names)})"
-    else:
+        if running:
+            line += f"; ranks {running} are running"
+    elif waiting:
         parts = [f"rank {r} in {said(r)} waits in a collective ({info[r][2]})" for r in waiting]
         line = "every rank waits in a collective, a deadlock (a rank skipped or added one): "
         line += "; ".join(parts) + f" for {max(idle(r) for r in waiting)} s"
+    else:  # only ranks that move: a hang seen a moment too late
+        line = f"ranks {running} are running again"
     return f"functrain.launch: hang: {line}; stacks in {folder}"
 
 
@@ -258,7 +266,7 @@ class Watchdog:
     def _on_hang(self, beats: dict[int, dict], now: float) -> None:
         folder = self._hang_folder(beats, now)
         stacks = self._collect_stacks(beats, folder)
-        self.hang = hang_line(beats, stacks, now, folder)
+        self.hang = hang_line(beats, stacks, now, folder, self.timeout)
         status.print_line(self.hang + "; stopping every rank")
         for beat in beats.values():
             _kill(beat.get("pid"))
