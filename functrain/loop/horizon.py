@@ -161,7 +161,9 @@ def max_batches_for(duration: Time, batches_per_epoch: int, timestamp: Timestamp
         return int(math.ceil(duration.value))
     if duration.unit is TimeUnit.EPOCH:
         if batches_per_epoch:
-            return int(math.ceil(duration.value * batches_per_epoch - 1e-9))
+            return int(math.ceil(duration.value * batches_per_epoch - 1e-9)) + _epoch_offset(
+                timestamp, batches_per_epoch
+            )
         if not float(duration.value).is_integer():
             raise ValueError(
                 f"fit(duration={duration}): a fractional number of epochs needs data with a "
@@ -173,6 +175,31 @@ def max_batches_for(duration: Time, batches_per_epoch: int, timestamp: Timestamp
     if duration.unit in (TimeUnit.SAMPLE, TimeUnit.TOKEN) and timestamp.batch:
         return int(math.ceil(timestamp.to_batches(duration) - 1e-9))
     return 0  # tokens before the first batch, wall-clock time: estimated or unknown
+
+
+def _epoch_offset(ts: Timestamp, batches_per_epoch: int) -> int:
+    """Batches trained before this epoch beyond `epoch * batches_per_epoch`: nonzero only after
+    the epoch length changed under a deliberate resume (`fit(on_data_change=...)`), so that
+    the remaining epochs are counted at the new length."""
+    return ts.batch - ts.batch_in_epoch - ts.epoch * batches_per_epoch
+
+
+def estimated_horizon(duration: Time, ts: Timestamp) -> Timestamp | None:
+    """Samples/tokens durations: `ts` with `max_batches` fixed at the rate counted so far, or
+    None when there is nothing to fix (already known, another unit, nothing counted yet).
+
+    Example:
+        >>> estimated_horizon(Time(100, TimeUnit.SAMPLE), Timestamp(batch=2, sample=16))
+        ... # doctest: +SKIP
+        Timestamp(batch=2, sample=16, max_batches=13, ...)
+    """
+    if ts.max_batches or duration.unit not in (TimeUnit.SAMPLE, TimeUnit.TOKEN):
+        return None
+    try:
+        estimate = int(math.ceil(ts.to_batches(duration) - 1e-9))
+    except ValueError:
+        return None
+    return ts.replace(max_batches=estimate)
 
 
 def check_fraction_intervals(

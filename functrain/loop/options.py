@@ -26,6 +26,7 @@ from typing import Any
 
 from ..metrics import resolve_metrics
 from ..units import Time, TimeLike, TimeUnit
+from .data_position import check_on_change
 from .horizon import parse_time
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_PREEMPTED", "FitOptions", "FitResult"]
@@ -56,6 +57,10 @@ class FitOptions:
         autoresume, donate, progress: flags.
         run_dir: the run's directory as a string, or None.
         seed: the seed of torch's global generator at the start, or None.
+        on_data_change: what a resume does when the training data's definition (length, batch
+            size, world size) changed: "error", "restart_epoch" or "by_samples".
+        sanity_check_batches: eval batches per eval set run before training at a fresh start
+            (0: none), to fail early on a broken evaluation.
     """
 
     duration: Time
@@ -76,6 +81,8 @@ class FitOptions:
     run_dir: str | None = None
     seed: int | None = None
     progress: bool = True
+    on_data_change: str = "error"
+    sanity_check_batches: int = 2
 
     @classmethod
     def create(
@@ -99,6 +106,8 @@ class FitOptions:
         run_dir: str | os.PathLike | None = None,
         seed: int | None = None,
         progress: bool = True,
+        on_data_change: str = "error",
+        sanity_check_batches: int = 2,
     ) -> FitOptions:
         """Check and parse `fit`'s keywords.
 
@@ -146,6 +155,8 @@ class FitOptions:
             run_dir=None if run_dir is None else os.fspath(run_dir),
             seed=seed,
             progress=bool(progress),
+            on_data_change=check_on_change(on_data_change),
+            sanity_check_batches=_count(sanity_check_batches, "sanity_check_batches"),
         )
 
 
@@ -189,3 +200,9 @@ def _eval_sets(eval_data: Any) -> dict[str | None, Any]:
     if isinstance(eval_data, Mapping):
         return {str(k): v for k, v in eval_data.items()}
     return {None: eval_data}
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"fit({what}={value!r}): must be a whole number >= 0 (0: off)")
+    return value

@@ -13,14 +13,12 @@ Example:
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ..data import DataSource
 from ..loggers import JSONLLogger, ProgressBar
 from ..rng import RngState, seed_for
 from ..state import TrainState
@@ -29,6 +27,7 @@ from ..step.protocol import as_step
 from ..units import Timestamp, TimeUnit
 from . import heartbeat, report
 from .agreement import Boundaries
+from .data_position import PositionedSource
 from .evaluation import describe_batch, dp_info, state_device
 from .events import Context, Event, dispatch, unique_names
 from .fit_metrics import check_eval_sets, evaluate_sets, update_train_metrics
@@ -37,6 +36,7 @@ from .horizon import (
     Every,
     check_fraction_intervals,
     data_batches_per_epoch,
+    estimated_horizon,
     max_batches_for,
     run_finished,
 )
@@ -73,7 +73,8 @@ class FitRun:
         if self.multi and not isinstance(state, FitState):
             state = FitState(states=state)
         self.state = state  # the one copy of the run's state; ctx.state reads it
-        self.source = DataSource(train_data, placement=dp_info(state))  # the state's dp slice
+        # the state's dp slice; its position is saved with what defines it, checked on resume
+        self.source = PositionedSource(train_data, dp_info(state), options.on_data_change)
         self.eval_every = Every(options.eval_interval)
         self.log_every = Every(options.log_interval)
         self.checkpoints = checkpoint_manager(options.checkpoints)
@@ -304,14 +305,8 @@ class FitRun:
 
     def _estimate_horizon(self) -> None:
         """Samples/tokens durations: fix `max_batches` after the first counted batch."""
-        ts = self.timestamp
-        if ts.max_batches or self.options.duration.unit not in (TimeUnit.SAMPLE, TimeUnit.TOKEN):
-            return
-        try:
-            estimate = int(math.ceil(ts.to_batches(self.options.duration) - 1e-9))
-        except ValueError:
-            return
-        self._set_timestamp(ts.replace(max_batches=estimate))
+        if (ts := estimated_horizon(self.options.duration, self.timestamp)) is not None:
+            self._set_timestamp(ts)
 
     def _done(self) -> bool:
         return run_finished(self.options.duration, self.timestamp)
@@ -356,7 +351,7 @@ class FitRun:
         if found is None:
             return None
         restored, path = found
-        self.state = restored
+        self.state = restored = self.source.reposition(restored)  # on_data_change's conversion
         if path is not None:
             self.last_saved_batch = restored.timestamp.batch
             self.ctx.resumed_from = self.ctx.checkpoint_path = path
