@@ -51,6 +51,7 @@ from .preemption import (
     wait_for_saves,
     with_loop_extra,
 )
+from .sanity_check import sanity_check
 
 __all__ = ["FitRun", "StepError"]
 
@@ -121,6 +122,8 @@ class FitRun:
                 previous_horizon = self.timestamp.max_batches
                 self._set_horizon()
                 self._announce(found, previous_horizon)
+                where, fresh = (self.rank, self.world_size, self.device), self._batch() == 0
+                sanity_check(self.step, self._step_state(), self.options, where, fresh)
                 if self.options.seed is not None:
                     seed = seed_for(RngState(self.options.seed), self.state.step, "fit", self.rank)
                     torch.manual_seed(seed)
