@@ -21,6 +21,7 @@ from .ema import EMAState, ema, ema_params, swap_in_ema
 from .gradient_clipping import gradient_clipping
 from .gyro_dropout import gyro_dropout
 from .layer_freezing import layer_freezing
+from .rollback import LossSpikeError, rollback_guard, skipped_batches
 from .sam import sam
 from .stochastic_depth import stochastic_depth
 from .surgery import (
@@ -59,10 +60,13 @@ __all__ = [
     "gradient_clipping",
     "gyro_dropout",
     "layer_freezing",
+    "LossSpikeError",
     "low_precision_groupnorm",
     "low_precision_layernorm",
+    "rollback_guard",
     "sam",
     "squeeze_excite",
+    "skipped_batches",
     "stochastic_depth",
     "surgery_algorithm",
     "surgery_of",
