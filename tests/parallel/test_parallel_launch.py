@@ -6,7 +6,7 @@ import textwrap
 import pytest
 from parallel_launching import launch, launched_world, run_python
 
-from functrain import launch as launcher
+from functrain.launch import cli as launcher
 
 
 def argv_for(*args):
