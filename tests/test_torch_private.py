@@ -37,7 +37,7 @@ def _offences():
     found = []
     for path in sorted((ROOT / "functrain").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "functrain/_torch.py" or rel.startswith(NOT_YET):
+        if rel == "functrain/_torch.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]
