@@ -132,3 +132,16 @@ def test_a_checkpoint_without_the_record_resumes_unchecked(tmp_path, monkeypatch
 def test_on_data_change_is_checked():
     with pytest.raises(ValueError, match="on_data_change='sometimes'"):
         functrain.loop.options.FitOptions.create(duration="1ep", on_data_change="sometimes")
+
+
+def test_a_loader_resumes_on_other_ranks_but_a_per_rank_loader_does_not():
+    from functrain.loop.data_position import PositionedSource
+
+    # a Loader's batches are global: the same position on 2 ranks as on 1 (elastic resume)
+    saved = PositionedSource(Loader(dataset(64), 16, seed=1), (0, 1)).state_dict(0)
+    assert saved["definition"]["world_size"] == 1
+    PositionedSource(Loader(dataset(64), 16, seed=1), (0, 2)).load_state_dict(saved, 3)
+    # a DataLoader's batch size is per rank: on 2 ranks each step takes twice the samples
+    saved = PositionedSource(dataloader(64, 16), (0, 1)).state_dict(0)
+    with pytest.raises(CheckpointError, match="world_size: saved 1, now 2"):
+        PositionedSource(dataloader(64, 16), (0, 2)).load_state_dict(saved, 3)

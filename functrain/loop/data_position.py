@@ -68,7 +68,7 @@ def definition_of(source: DataSource, world_size: int) -> dict[str, int | None]:
     }
 
 
-def changes(saved: Any, now: dict[str, int | None]) -> dict[str, tuple[Any, Any]]:
+def changes(saved: Any, now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """`{field: (saved, now)}` for each field known on both sides that differs.
 
     Example:
@@ -77,9 +77,14 @@ def changes(saved: Any, now: dict[str, int | None]) -> dict[str, tuple[Any, Any]
     """
     if not isinstance(saved, dict):
         return {}
+    fields = _FIELDS
+    if saved.get("is_loader") and now.get("is_loader"):
+        # a Loader's batches are global (its batch size and count are the same on any number
+        # of ranks): the position means the same after an elastic resume on other ranks
+        fields = tuple(k for k in _FIELDS if k != "world_size")
     return {
         k: (saved[k], now[k])
-        for k in _FIELDS
+        for k in fields
         if saved.get(k) is not None and now.get(k) is not None and saved[k] != now[k]
     }
 
