@@ -184,3 +184,37 @@ def test_a_killed_rank_resumes_from_the_peer_replica(tmp_path, uninterrupted, lo
         assert rank["step"] == 20
         assert rank["params"] == reference["params"]  # bit for bit (exact hex floats)
         assert rank["local_after_close"] == []  # a finished run leaves no local tier behind
+
+
+# -- rollback on a loss spike, on two ranks ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def never_spiked(tmp_path_factory):
+    base = tmp_path_factory.mktemp("clean")
+    done = _launch(base, "clean", "--rollback", "--clean")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _results(base / "clean")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash, snapshot", [(41, 39), (44, 42)])  # before / after the rollback
+def test_both_ranks_skip_the_spike_also_when_killed_and_resumed(
+    tmp_path, never_spiked, crash, snapshot
+):
+    """Only rank 1's batch 39 spikes: the loss agreed over ranks makes both skip it. Killed
+    after the rollback and resumed from the local tier (node 1's own tier gone: its replica),
+    from a snapshot before the spike (the decision is replayed) or after it (the decision is
+    in the state), the run ends bit-identical to one whose data never held batch 39."""
+    crashed = _launch(tmp_path, "crash", "--rollback", "--crash-at", str(crash))
+    assert crashed.returncode != 0
+    assert "skipped batches [39, 39]" in crashed.stderr
+    shutil.rmtree(tmp_path / "local" / "node1")
+    resumed = _launch(tmp_path, "resume", "--rollback")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ranks = _results(tmp_path / "resume")
+    assert ranks[1]["resumed_from"].endswith(f"node0/replica-rank1/step_{snapshot:09d}")
+    assert ("skipped batches [39, 39]" in resumed.stderr) == (snapshot < 40)  # replayed
+    for rank, reference in zip(ranks, never_spiked):
+        assert rank["skipped"] == [39]
+        assert rank["params"] == reference["params"]  # bit for bit (exact hex floats)

@@ -1,12 +1,16 @@
 """Ranks of test_checkpoint_tiers.py's multi-process tests (gloo, forked so torch loads once).
 
-    python tiers_worker.py ROOT LOCAL OUT RENDEZVOUS [--crash-at N] [--rollback]
+    python tiers_worker.py ROOT LOCAL OUT RENDEZVOUS [--crash-at N] [--rollback [--clean]]
 
 Two ranks, each on its own simulated node: rank r's local tier is LOCAL/node<r> and its replica
 goes to the other node's folder. A DDP run of 20 batches saves to ROOT every 10 batches and to
 the local tier every 3; with --crash-at N rank 1 SIGKILLs itself at the end of batch N (the
 other rank fails in its next collective and the parent stops it). Each rank that finishes
 writes OUT/rank<r>.json: where it resumed from and its final parameters as exact hex floats.
+
+With --rollback each rank trains on a list of 60 batches of its own, under `rollback_guard`;
+rank 1's batch 39 spikes the loss (its targets x1000), so the mean loss spikes on both ranks
+and both skip it. --clean removes batch 39 from both ranks' lists (the data that never held it).
 """
 
 from __future__ import annotations
@@ -18,17 +22,32 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import functrain
+from functrain.algorithms import rollback_guard, skipped_batches
 from functrain.checkpoint import Manager
 from functrain.checkpoint.tiers import LocalTier
 from functrain.data import Loader
 
 STEPS = 20
+SPIKE = 39
+
+
+def rank_batches(rank: int, clean: bool) -> list:
+    generator = torch.Generator().manual_seed(100 + rank)
+    out = []
+    for i in range(60):
+        x = torch.randn(8, 4, generator=generator)
+        y = x @ torch.ones(4, 1)
+        if i == SPIKE and clean:
+            continue
+        out.append((x, y * 1000.0 if i == SPIKE and rank == 1 else y))
+    return out
 
 
 class CrashAt:
@@ -58,6 +77,7 @@ def run_rank(rank: int, args) -> None:
     dist.init_process_group("gloo", init_method=f"file://{args.rendezvous}", rank=rank,
                             world_size=2, timeout=datetime.timedelta(seconds=60))  # fmt: skip
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", "resuming list")  # a list of batches resumes by replaying
     try:
         mesh = functrain.parallel.init_mesh()
         generator = torch.Generator().manual_seed(0)
@@ -68,11 +88,16 @@ def run_rank(rank: int, args) -> None:
         opt = functrain.optim.adamw(lr=1e-2)
         state = functrain.init(model, opt, seed=0, mesh=mesh, plan="ddp")
         step = functrain.make_step(model, loss_fn, opt)
+        train, duration = Loader(data, 8, seed=0), f"{STEPS}ba"
+        if args.rollback:
+            step = functrain.compose(step, rollback_guard(factor=5.0))
+            train = rank_batches(rank, args.clean)
+            duration = f"{len(train)}ba"
         nodes = [os.path.join(args.local, f"node{r}") for r in range(2)]
         local = LocalTier(nodes[rank], every=3, peer=nodes[1 - rank], keep_last=2)
         callbacks = [CrashAt(args.crash_at, rank)] if args.crash_at else []
         with Manager(args.root, every="10ba", keep_last=2, local=local) as manager:
-            result = functrain.fit(step, state, Loader(data, 8, seed=0), duration=f"{STEPS}ba",
+            result = functrain.fit(step, state, train, duration=duration,
                                    callbacks=callbacks, checkpoints=manager, autoresume=True,
                                    log_interval=None, progress=False, return_result=True)  # fmt: skip
             local_after = sorted(os.listdir(nodes[rank])) if os.path.isdir(nodes[rank]) else []
@@ -81,6 +106,7 @@ def run_rank(rank: int, args) -> None:
             "resumed_from": result.resumed_from,
             "step": result.state.step,
             "params": exact(result.state),
+            "skipped": skipped_batches(result.state),
             "local_before_close": local_after,
             "local_after_close": os.listdir(nodes[rank]) if os.path.isdir(nodes[rank]) else [],
         }
@@ -95,6 +121,8 @@ def main() -> None:
     for name in ("root", "local", "out", "rendezvous"):
         parser.add_argument(name)
     parser.add_argument("--crash-at", type=int, default=0)
+    parser.add_argument("--rollback", action="store_true")
+    parser.add_argument("--clean", action="store_true")
     args = parser.parse_args()
     children = []
     for rank in range(2):
