@@ -77,7 +77,7 @@ def changes(saved: Any, now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """
     if not isinstance(saved, dict):
         return {}
-    fields = _FIELDS
+    fields: tuple[str, ...] = _FIELDS
     if saved.get("is_loader") and now.get("is_loader"):
         # a Loader's batches are global (its batch size and count are the same on any number
         # of ranks): the position means the same after an elastic resume on other ranks
