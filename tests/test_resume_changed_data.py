@@ -145,3 +145,13 @@ def test_a_loader_resumes_on_other_ranks_but_a_per_rank_loader_does_not():
     saved = PositionedSource(dataloader(64, 16), (0, 1)).state_dict(0)
     with pytest.raises(CheckpointError, match="world_size: saved 1, now 2"):
         PositionedSource(dataloader(64, 16), (0, 2)).load_state_dict(saved, 3)
+
+
+@pytest.mark.parametrize("record", [[1], "x", {"batch_size": "12"}, {"num_samples": -1}])
+def test_a_damaged_record_is_a_checkpoint_error_naming_the_data_position(tmp_path, record):
+    from functrain.loop.data_position import PositionedSource
+
+    source = PositionedSource(Loader(dataset(64), 16, seed=1), (0, 1))
+    saved = {**source.state_dict(0), "definition": record}
+    with pytest.raises(ValueError, match="data definition"):
+        source.load_state_dict(saved, 3)

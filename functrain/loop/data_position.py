@@ -162,8 +162,14 @@ class PositionedSource(DataSource):
         Raises:
             DataChangedError: the definition changed and `on_change` is "error".
         """
-        saved = dict(saved or {})
+        if not isinstance(saved, dict):  # no record: DataSource judges what it is
+            super().load_state_dict(saved, batch_in_epoch)
+            return
+        saved = dict(saved)
         recorded = saved.pop(_KEY, None)
+        if recorded is not None and not _is_definition(recorded):
+            # read from a checkpoint, so untrusted: preemption names the file and what to do
+            raise ValueError(f"its data definition is not {_FIELDS} as whole numbers")
         now = self.definition()
         changed = changes(recorded, now)
         if not changed:
@@ -192,6 +198,12 @@ class PositionedSource(DataSource):
         self._pending = None
         ts = repositioned(state.timestamp, self.on_change, saved, now)
         return state.replace(timestamp=ts)
+
+
+def _is_definition(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        value.get(k) is None or (type(value[k]) is int and value[k] >= 0) for k in _FIELDS
+    )
 
 
 def check_on_change(value: Any) -> str:
