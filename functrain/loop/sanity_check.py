@@ -65,7 +65,8 @@ def sanity_check(
         which = "eval_data" if name is None else f"eval_data[{name!r}]"
         with _restored_rng(device):
             batches = list(itertools.islice(placed, count))
-            batches = batches[: _fewest_over_ranks(len(batches))]  # the same count on every rank
+            if world_size > 1:  # the same count on every rank (an eval may be collective)
+                batches = batches[: _fewest_over_ranks(len(batches))]
             if not batches:
                 continue  # an empty set: the evaluation itself says so
             try:
