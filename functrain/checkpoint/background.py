@@ -8,7 +8,10 @@ of the thread is raised by the next `wait`.
 
 Whoever creates a `BackgroundWriter` closes it (`Manager.close`, `with Manager(...)`, or `fit`
 for a manager it made): the save in flight needs its group, and a group still referenced is
-never freed.
+never freed. A writer still open when the interpreter exits is closed then, its save in flight
+committed first: `open` registers that with `atexit` (and `close` takes it back), so it runs
+before functrain's teardown of the process groups, which was registered earlier, when the
+default group was made.
 
 Example:
     >>> background = BackgroundWriter(async_save=True)
@@ -20,7 +23,9 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +65,9 @@ class BackgroundWriter:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="functrain-checkpoint"
             )
+        if self._own_group or self._executor is not None:
+            atexit.unregister(self._close_at_exit)  # once, however often it is opened
+            atexit.register(self._close_at_exit)
 
     def stage(self, state: Any) -> Staged:
         """Describe `state` and take this rank's data off the device (a copy when asynchronous:
@@ -100,6 +108,7 @@ class BackgroundWriter:
     def close(self) -> None:
         """Stop the worker thread and destroy the group this writer made (call `wait` first);
         `open` makes them again."""
+        atexit.unregister(self._close_at_exit)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -108,6 +117,13 @@ class BackgroundWriter:
         if self._own_group:
             self.group = None  # a group still referenced is never freed (its threads live)
             self._own_group = False
+
+    def _close_at_exit(self) -> None:
+        try:
+            self.wait()  # the save in flight commits before its group goes
+        except CheckpointError as err:
+            print(f"functrain: at exit, {err}", file=sys.stderr)
+        self.close()
 
 
 __all__ = ["BackgroundWriter"]

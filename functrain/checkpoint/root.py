@@ -132,7 +132,9 @@ class Root:
         """Stop refreshing and give the lease up; the next `take_lease` takes it again."""
         if self.lease is not None:
             self.lease.release()
-            self.leased = False
+        # Every rank forgets it, rank 0 (which holds the lease) and the others alike: the next
+        # `take_lease` is a collective, so all ranks must enter it or none.
+        self.leased = False
 
     def collect_garbage(self) -> None:
         """Delete what interrupted saves and deletions left behind (rank 0, once per root object:
