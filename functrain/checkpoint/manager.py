@@ -154,9 +154,7 @@ class Manager:
         self.keep_last, self.keep_every = keep_last, keep_every  # (what the root applies)
         self._last_index: int | None = None  # the schedule's index of the last save or restore
         self._known: set[int] = set()  # steps this manager wrote or restored
-        if local is not None and not isinstance(local, LocalTier):
-            raise TypeError(f"local must be a LocalTier or None, got {local!r}")
-        self._tiers = None if local is None else Tiers(local, self._root.rank, process_group)
+        self._tiers = Tiers.of(local, self._root.rank, process_group, loc.url)
         self._closed = False
 
     @property

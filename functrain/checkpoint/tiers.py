@@ -36,6 +36,7 @@ from .errors import CheckpointError
 from .staging import dist_info
 
 logger = logging.getLogger("functrain.checkpoint")
+_OWNER = "ROOT_URL"  # in each snapshot folder: the root the snapshots belong to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +112,27 @@ class Tiers:
         tier: the tier's folders and interval.
         rank: this rank (in the run's group).
         group: the run's ranks (agreement on the step to restore).
+        owner: the URL of the manager's root: each folder records it, and a restore ignores a
+            folder written for another root (a crashed earlier run's, say).
     """
 
-    def __init__(self, tier: LocalTier, rank: int, group=None):
-        self.tier, self.rank, self.group = tier, rank, group
+    def __init__(self, tier: LocalTier, rank: int, group=None, owner: str = ""):
+        self.tier, self.rank, self.group, self.owner = tier, rank, group, owner
         self.solo = None  # a group of this rank alone: writes without collectives
         self.last: int | None = None  # the batch of the last snapshot written or restored
+
+    @classmethod
+    def of(cls, local: Any, rank: int, group, owner: str) -> Tiers | None:
+        """`Manager(local=...)` as `Tiers` (None: no local tier).
+
+        Raises:
+            TypeError: `local` is not a `LocalTier`.
+        """
+        if local is None:
+            return None
+        if not isinstance(local, LocalTier):
+            raise TypeError(f"Manager(local=...) takes a LocalTier or None, got {local!r}")
+        return cls(local, rank, group, owner)
 
     def open(self) -> None:
         """Make the one-rank group local writes use (collective, once)."""
@@ -144,6 +160,8 @@ class Tiers:
         urls = []
         for folder in self.tier.folders(self.rank):
             storage.make_dir(folder)
+            if storage.read_bytes(folder, _OWNER) != self.owner.encode():
+                storage.write_bytes(folder, _OWNER, self.owner.encode())
             retention.collect_garbage(folder)
             loc = folder.child(layout.step_dir_name(step))
             urls.append(writer.save(loc, view, overwrite=True, group=self.solo))
@@ -168,6 +186,14 @@ class Tiers:
         found: dict[int, list[storage.Location]] = {}
         for folder in self.tier.folders(self.rank):
             try:
+                written_for = storage.read_bytes(folder, _OWNER) if _committed(folder) else None
+                if written_for is not None and written_for != self.owner.encode():
+                    logger.warning(
+                        "functrain.checkpoint: ignoring the local snapshots in %s: they were "
+                        "written for the root %s, not %s",
+                        folder.url, written_for.decode(errors="replace"), self.owner,
+                    )  # fmt: skip
+                    continue
                 for step, loc in _committed(folder):
                     found.setdefault(step, []).append(loc)
             except Exception as err:  # noqa: BLE001 -- a damaged tier falls back, loudly

@@ -88,6 +88,10 @@ def _fit(root, tier, crash=None):
                              progress=False, return_result=True)  # fmt: skip
 
 
+def _steps(folder):
+    return sorted(name for name in os.listdir(folder) if name.startswith("step_"))
+
+
 def _same(a, b):
     ta = dict(leaves_with_paths(a))
     tb = dict(leaves_with_paths(b))
@@ -104,7 +108,7 @@ def test_resume_takes_the_newest_copy_that_loads(tmp_path, damage):
     with pytest.raises(functrain.CallbackError, match="simulated crash"):
         _fit(tmp_path / "root", tier, crash=9)
     own = tmp_path / "node0" / "rank0"
-    assert sorted(os.listdir(own)) == ["step_000000006", "step_000000008"]  # keep_last=2
+    assert _steps(own) == ["step_000000006", "step_000000008"]  # keep_last=2
     if damage != "none":
         for chunk in (own / "step_000000008").rglob("c/*/*"):
             chunk.write_bytes(b"damaged" + chunk.read_bytes())  # every array fails its digest
@@ -135,6 +139,21 @@ def test_without_any_snapshot_the_root_is_used(tmp_path):
     resumed = _fit(tmp_path / "root", tier)
     assert resumed.resumed_from.endswith("root/step_000000005")
     _same(reference, resumed.state)
+
+
+def test_snapshots_of_another_root_are_not_resumed(tmp_path, caplog):
+    tier = LocalTier(tmp_path / "node0", every=2, peer=tmp_path / "node1")
+    with pytest.raises(functrain.CallbackError):
+        _fit(tmp_path / "root_a", tier, crash=9)  # leaves its snapshots behind
+    fresh = _fit(tmp_path / "root_b", tier)  # a new run, the same local folders
+    assert fresh.resumed_from is None and fresh.finished
+    assert "written for the root" in caplog.text
+    _same(_fit(tmp_path / "ref", None).state, fresh.state)
+
+
+def test_local_must_be_a_local_tier(tmp_path):
+    with pytest.raises(TypeError, match="LocalTier"):
+        Manager(tmp_path, local=str(tmp_path / "node0"))
 
 
 # -- real processes: two ranks on two simulated nodes ---------------------------------------------
@@ -168,7 +187,7 @@ def test_a_killed_rank_resumes_from_the_peer_replica(tmp_path, uninterrupted, lo
     assert crashed.returncode != 0
     assert not (tmp_path / "crash" / "out" / "rank1.json").exists()
     node1 = tmp_path / "local" / "node1"
-    assert sorted(os.listdir(node1 / "rank1")) == ["step_000000012", "step_000000015"]
+    assert _steps(node1 / "rank1") == ["step_000000012", "step_000000015"]
     shutil.rmtree(node1)  # the node is gone, and its tier with it
     if lost == "both_copies":
         shutil.rmtree(tmp_path / "local" / "node0" / "replica-rank1")
