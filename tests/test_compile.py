@@ -104,3 +104,34 @@ def test_compiled_step_through_fit_compiles_once_and_leaves_a_pure_input_untouch
     )
     assert final.step == 12
     assert backend.graphs == graphs + 1  # fit's donated step: one more graph, then no other
+
+
+def test_a_compiled_step_takes_the_gradient_norm_once_per_step(monkeypatch):
+    # The step takes the global norm for its `grad_norm` metric and hands it to the update, whose
+    # fused global-norm clip would otherwise take it again. compile_step's copy of the step must
+    # keep that hand-over (it once lost it: the copy's update piece was no longer recognised).
+    import functrain._torch as private
+    from functrain.optim import clipping, kernels
+
+    taken = []
+
+    def counting(name, real):
+        def wrapper(*args, **kwargs):
+            taken.append(name)
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(private, "foreach_norm", counting("step", private.foreach_norm))
+    monkeypatch.setattr(kernels, "global_norm", counting("fused clip", kernels.global_norm))
+    monkeypatch.setattr(clipping, "global_norm", counting("clip", clipping.global_norm))
+    model = make_model()
+    state = functrain.init(model, OPTIMIZER, seed=0)
+    step = functrain.make_step(model, loss_fn, OPTIMIZER)
+    for run in (step, functrain.compile_step(step, backend="eager")):
+        taken.clear()
+        run_state = tree_clone(state)
+        for batch in make_batches(3):
+            run_state, metrics = run(run_state, batch)
+        assert taken == ["step"] * 3, (type(run).__name__, taken)
+        assert torch.isfinite(metrics["grad_norm"])
