@@ -32,7 +32,6 @@ from torch.distributed.tensor import DTensor
 
 from ..tree import tree_map
 from . import layout, reader, retention, storage, writer
-from .errors import CheckpointError
 from .staging import dist_info
 
 logger = logging.getLogger("functrain.checkpoint")
@@ -114,6 +113,11 @@ class Tiers:
         group: the run's ranks (agreement on the step to restore).
         owner: the URL of the manager's root: each folder records it, and a restore ignores a
             folder written for another root (a crashed earlier run's, say).
+    Example:
+        >>> tiers = Tiers(LocalTier("/dev/shm/run", every=50), rank=0, owner="s3://bucket/run")
+        >>> tiers.open()
+        >>> if tiers.due(state.timestamp.batch):
+        ...     tiers.save(state, state.step, state.timestamp.batch)
     """
 
     def __init__(self, tier: LocalTier, rank: int, group=None, owner: str = ""):
@@ -209,7 +213,7 @@ class Tiers:
                 try:
                     loaded, used = reader.load(loc, local_view(like), **options), loc
                     break
-                except CheckpointError as err:  # damaged: try the replica, then agree
+                except Exception as err:  # noqa: BLE001 -- damaged, unreadable: try the replica
                     logger.warning(
                         "functrain.checkpoint: local snapshot %s cannot be restored (%s)",
                         loc.url,
