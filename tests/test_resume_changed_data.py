@@ -71,7 +71,12 @@ def position(result):
     [
         ((640, 16), (320, 16), 35, "num_samples: saved 640, now 320"),  # shrank mid-epoch
         ((640, 16), (600, 16), 35, "num_samples: saved 640, now 600"),  # a partial last batch
-        ((640, 12), (640, 24), 54, "batch_size: saved 12, now 24"),  # at an epoch boundary
+        (
+            (640, 12),
+            (640, 24),
+            54,
+            r"global batch size: saved 12 \(12 per rank x 1 ranks\), now 24",
+        ),  # at an epoch end
     ],
 )
 def test_a_changed_definition_is_refused_naming_both_numbers_and_the_way_on(
@@ -113,7 +118,7 @@ def test_an_unchanged_definition_resumes_as_before_with_a_loader(tmp_path):
     result, count = fit(tmp_path, Loader(dataset(64), 16, seed=1))
     assert (count, position(result), result.finished) == (2, (2, 0, 8), True)
     fit(tmp_path / "b", Loader(dataset(64), 16, seed=1), stop=6)
-    with pytest.raises(CheckpointError, match="batch_size: saved 16, now 32"):
+    with pytest.raises(CheckpointError, match="global batch size: saved 16, now 32"):
         fit(tmp_path / "b", Loader(dataset(64), 32, seed=1))
 
 
@@ -141,10 +146,15 @@ def test_a_loader_resumes_on_other_ranks_but_a_per_rank_loader_does_not():
     saved = PositionedSource(Loader(dataset(64), 16, seed=1), (0, 1)).state_dict(0)
     assert saved["definition"]["world_size"] == 1
     PositionedSource(Loader(dataset(64), 16, seed=1), (0, 2)).load_state_dict(saved, 3)
-    # a DataLoader's batch size is per rank: on 2 ranks each step takes twice the samples
+    # a DataLoader's batch size is per rank: on 2 ranks each step takes twice the samples...
     saved = PositionedSource(dataloader(64, 16), (0, 1)).state_dict(0)
-    with pytest.raises(CheckpointError, match="world_size: saved 1, now 2"):
+    with pytest.raises(CheckpointError, match=r"saved 16 \(16 per rank x 1 ranks\), now 32 "):
         PositionedSource(dataloader(64, 16), (0, 2)).load_state_dict(saved, 3)
+    # ... unless its per-rank batch size is halved: the same global batch (an elastic resume)
+    saved = PositionedSource(dataloader(64, 16), (0, 1)).state_dict(0)
+    sharded = torch.utils.data.DistributedSampler(dataset(64), num_replicas=2, rank=0)
+    half = torch.utils.data.DataLoader(dataset(64), batch_size=8, sampler=sharded)
+    PositionedSource(half, (0, 2)).load_state_dict(saved, 3)
 
 
 @pytest.mark.parametrize("record", [[1], "x", {"batch_size": "12"}, {"num_samples": -1}])

@@ -69,24 +69,39 @@ def definition_of(source: DataSource, world_size: int) -> dict[str, int | None]:
 
 
 def changes(saved: Any, now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """`{field: (saved, now)}` for each field known on both sides that differs.
+    """`{what: (saved, now)}` for each number of the position's definition that differs.
+
+    The batch size compared is the global one (a `Loader`'s own; a per-rank loader's times the
+    world size), so an elastic resume that keeps the global batch is not a change. A per-rank
+    loader's length is compared on the same world size only (Streaming's is per rank).
 
     Example:
-        >>> changes({"batch_size": 12}, {"batch_size": 24})
-        {'batch_size': (12, 24)}
+        >>> changes({"batch_size": 12, "world_size": 1}, {"batch_size": 24, "world_size": 1})
+        {'global batch size': ('12 (12 per rank x 1 ranks)', '24 (24 per rank x 1 ranks)')}
     """
     if not isinstance(saved, dict):
         return {}
-    fields: tuple[str, ...] = _FIELDS
-    if saved.get("is_loader") and now.get("is_loader"):
-        # a Loader's batches are global (its batch size and count are the same on any number
-        # of ranks): the position means the same after an elastic resume on other ranks
-        fields = tuple(k for k in _FIELDS if k != "world_size")
-    return {
-        k: (saved[k], now[k])
-        for k in fields
-        if saved.get(k) is not None and now.get(k) is not None and saved[k] != now[k]
-    }
+    found: dict[str, tuple[Any, Any]] = {}
+    comparable = bool(saved.get("is_loader")) or saved.get("world_size") == now.get("world_size")
+    for k in ("num_samples", "batches_per_epoch"):
+        if k == "num_samples" and not comparable:
+            continue
+        if saved.get(k) is not None and now.get(k) is not None and saved[k] != now[k]:
+            found[k] = (saved[k], now[k])
+    before, after = _global_batch(saved), _global_batch(now)
+    if before and after and before[0] != after[0]:
+        found["global batch size"] = (before[1], after[1])
+    return found
+
+
+def _global_batch(definition: dict) -> tuple[int, str] | None:
+    """`(global batch size, in words)`, or None when the batch size is not known."""
+    size, world = definition.get("batch_size"), definition.get("world_size") or 1
+    if not size:
+        return None
+    if definition.get("is_loader"):
+        return size, str(size)
+    return size * world, f"{size * world} ({size} per rank x {world} ranks)"
 
 
 def repositioned(ts: Timestamp, how: str, saved: dict, now: dict) -> Timestamp:
