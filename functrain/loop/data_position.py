@@ -196,7 +196,7 @@ class PositionedSource(DataSource):
                 f"cannot resume: the checkpoint's data position was counted on other training "
                 f"data ({details}), so its position (batch {batch_in_epoch} of an epoch of "
                 f"{recorded.get('batches_per_epoch')} batches) does not exist in this data. Use "
-                "the same dataset, batch size and world size, or continue deliberately with "
+                "the same dataset and global batch size, or continue deliberately with "
                 "fit(on_data_change='restart_epoch') (the interrupted epoch starts over on the "
                 "new data) or fit(on_data_change='by_samples') (the position converted by the "
                 "samples trained in the epoch)"
