@@ -12,6 +12,7 @@ from functrain.loop.horizon import (
     Every,
     check_fraction_intervals,
     data_batches_per_epoch,
+    estimated_horizon,
     max_batches_for,
     parse_time,
     run_finished,
@@ -170,3 +171,20 @@ def test_run_finished_counts_batches_against_max_batches():
     assert run_finished(three_epochs, Timestamp(batch=9, epoch=3))
     assert not run_finished(Time(1000, TimeUnit.SAMPLE), Timestamp(batch=9, sample=999))
     assert run_finished(Time(1000, TimeUnit.SAMPLE), Timestamp(batch=10, sample=1000))
+
+
+def test_epochs_after_a_changed_epoch_length_count_at_the_new_length():
+    two = parse_time("2ep", "duration")
+    # a consistent position (3 epochs of 10 so far): the plain product
+    assert max_batches_for(two, 10, Timestamp(epoch=1, batch=14, batch_in_epoch=4), None) == 20
+    # 35 batches trained, epoch 0 restarted on data of 20 batches: 35 + 2 epochs of 20
+    assert max_batches_for(two, 20, Timestamp(epoch=0, batch=35), None) == 75
+    # 54 batches were epoch 0 at batch size 12; epoch 1 at 24 has 27 batches: 54 + 27
+    assert max_batches_for(two, 27, Timestamp(epoch=1, batch=54), None) == 81
+
+
+def test_a_samples_duration_is_estimated_after_the_first_counted_batch():
+    samples = parse_time("100sp", "duration")
+    assert estimated_horizon(samples, Timestamp()) is None  # nothing counted yet
+    assert estimated_horizon(samples, Timestamp(batch=2, sample=16)).max_batches == 13
+    assert estimated_horizon(parse_time("2ep", "duration"), Timestamp(batch=2, sample=16)) is None
