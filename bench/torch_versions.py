@@ -8,7 +8,8 @@ parallel, compile, loop, teardown, checkpoint reader and resume) and prints one 
 The rows go to bench/results/torch_versions.json and docs/torch_versions.md.
 
 Too heavy for `.ci/run`: each torch is a multi-GB install (a CUDA build, run on the CPU here).
-Run it when the torch range or a private torch name (functrain/_torch.py) changes.
+Run it when the torch range or a private torch name (functrain/_torch.py) changes. Each run's
+whole output is kept as `last-run.log` in its venv.
 
 Example:
     python -m bench torch_versions                      # oldest declared and 2.14.1
@@ -88,6 +89,8 @@ def run_subset(python: Path, timeout_s: float) -> dict:
         text=True,
         timeout=timeout_s,
     )
+    # The whole output stays beside the venv (outside the repository) for reading the failures.
+    (python.parent.parent / "last-run.log").write_text(proc.stdout + proc.stderr)
     closing = [line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     line = closing[-1].strip("= ") if closing else proc.stdout[-300:]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", line)}
