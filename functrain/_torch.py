@@ -54,12 +54,25 @@ def foreach(op: str, inplace: bool = False) -> Callable[..., Any]:
     """
     name = f"_foreach_{op}_" if inplace else f"_foreach_{op}"
     found = getattr(torch, name, None)
-    if found is None:
+    if found is not None:
+        return found
+    # An op this torch has no foreach kernel for (torch 2.6 lacks `_foreach_clone`): the same
+    # arithmetic one tensor at a time, through the public per-tensor op.
+    single = getattr(torch.Tensor, f"{op}_" if inplace else op, None)
+    if single is None:
         raise NotImplementedError(
-            f"torch {torch.__version__} has no torch.{name}; functrain needs a torch that has "
-            "it (see pyproject.toml's declared range)"
+            f"torch {torch.__version__} has neither torch.{name} nor Tensor.{op}; functrain "
+            "needs a newer torch (see pyproject.toml's declared range)"
         )
-    return found
+
+    def per_tensor(xs: list[torch.Tensor], *args: Any) -> list[torch.Tensor] | None:
+        out = [
+            single(x, *(a[i] if isinstance(a, (list, tuple)) else a for a in args))
+            for i, x in enumerate(xs)
+        ]
+        return None if inplace else out
+
+    return per_tensor
 
 
 def foreach_copy_(dests: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
