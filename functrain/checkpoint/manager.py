@@ -146,7 +146,7 @@ class Manager:
             loc,
             lease_ttl=lease_ttl,
             rank=self._background.rank,
-            group=self._background.group,
+            group=lambda: self._background.group,  # the writer's current group, never a stale one
             keep_last=keep_last,
             keep_every=keep_every,
             best=best,
@@ -374,7 +374,6 @@ class Manager:
     def _open(self) -> None:
         """The thread and group `release` gave back, made again (collective)."""
         self._background.open()
-        self._root.group = self._background.group
         if self._tiers is not None:
             self._tiers.open()
 

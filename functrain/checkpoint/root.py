@@ -79,7 +79,7 @@ class Root:
         loc: the root's location.
         lease_ttl: the lease's ttl in seconds, or None to take no lease.
         rank: this process's rank in `group` (rank 0 holds the lease and changes the root).
-        group: the ranks that save together (None: all).
+        group: the ranks that save together (None: all), or a function giving them.
         keep_last: how many newest checkpoints retention keeps (None: all).
         keep_every: also keep steps that are multiples of this int, or checkpoints whose
             timestamp is a multiple of this `Time`.
@@ -99,13 +99,22 @@ class Root:
         best: tuple[int, str, str] | None = None,
     ):
         self.loc = loc
-        self.rank, self.group = rank, group
+        self.rank = rank
+        # `group` may be a function giving the current group: a manager's writer makes its group
+        # again after `release`, and a root holding the old group would keep it (and its gloo
+        # threads) alive after it was destroyed.
+        self._group_of = group if callable(group) else (lambda: group)
         self.keep_last, self.keep_every, self.best = keep_last, keep_every, best
         self.lease = Lease(loc, lease_ttl) if lease_ttl is not None and rank == 0 else None
         self.leased = lease_ttl is None
         self._collected = False  # stale directories of interrupted saves removed
         if self.lease is not None:  # released when the root goes away, or at exit
             weakref.finalize(self, self.lease.release)
+
+    @property
+    def group(self):
+        """The process group of the ranks that save together (None: all)."""
+        return self._group_of()
 
     def take_lease(self) -> None:
         """Take the lease on rank 0 (once until released); every rank raises if it could not.
