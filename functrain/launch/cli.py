@@ -23,17 +23,12 @@ ranks never start N times torch's default of one thread per core.
 SIGHUP and SIGQUIT (a closed terminal, a dropped ssh session) stop the run as SIGTERM does. If the
 launcher itself is killed (SIGKILL), the kernel kills every rank with it.
 
-Exit codes (docs/events.md): 0 when every rank finished; after a failure, the code the first
-failed rank's script ended with (else 128 + N when it died of signal N; never 143 for a crash);
-after a stop, 143 (SIGTERM), 130 (Ctrl-C), 129 (SIGHUP) or 131 (SIGQUIT) — unless the stopped
-ranks exited with a nonzero code of their own (75), which is kept.
-After a hang (no rank progress for `--hang-timeout`, functrain.launch.watchdog): 124, with a line
-naming the rank that is behind and its stacks in a folder.
+Exit codes: the table in docs/events.md (0 finished; a failed rank's own code, never 143 for a
+crash; 143/130/129/131 after SIGTERM/Ctrl-C/SIGHUP/SIGQUIT unless the ranks' own code, 75, is
+kept; 124 after a hang: no rank progress for `--hang-timeout`, functrain.launch.watchdog).
 
 Each rank runs inside a small wrapper (this module's `--worker` mode) that records an uncaught
-exception for torchrun, and the rank's exit code and stop signals for the launcher
-(`functrain.launch.status`); the process groups and their threads are torn down at exit by
-`functrain.parallel.teardown`.
+exception for torchrun, and its exit code and stop signals for the launcher (`status.py`).
 """
 
 from __future__ import annotations
@@ -104,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _torchrun_accepts(flag: str) -> bool:
+    """Whether this torch's torchrun has the command-line flag `flag`."""
+    from torch.distributed.run import get_args_parser
+
+    return flag in get_args_parser().format_help()
+
+
 def torchrun_argv(opts: argparse.Namespace) -> list[str]:
     """torchrun's arguments for the parsed launcher options (the worker wrapper included)."""
     argv = [f"--nproc-per-node={opts.nproc}", f"--nnodes={opts.nnodes}"]
@@ -121,8 +123,12 @@ def torchrun_argv(opts: argparse.Namespace) -> list[str]:
         if value is not None:
             argv.append(f"--{flag.replace('_', '-')}={value}")
     argv.append(f"--max-restarts={opts.max_restarts}")
-    # SIGTERM and SIGINT are the launcher's own (see _Stop); torchrun forwards the others.
-    argv += ["--signals-to-handle=SIGHUP,SIGQUIT", f"--shutdown-timeout={opts.stop_timeout}"]
+    # SIGTERM and SIGINT are the launcher's own (see _Stop); torchrun forwards the others. Older
+    # torchruns (torch 2.6) know neither flag and forward only SIGTERM/SIGINT themselves.
+    if _torchrun_accepts("--signals-to-handle"):
+        argv.append("--signals-to-handle=SIGHUP,SIGQUIT")
+    if _torchrun_accepts("--shutdown-timeout"):
+        argv.append(f"--shutdown-timeout={opts.stop_timeout}")
     if not opts.no_prefix:
         argv.append("--tee=3")  # the agent copies each rank's output, line by line, prefixed
     argv += ["--module", "functrain.launch", "--worker"]
