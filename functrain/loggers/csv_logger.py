@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from .run_dir import RunDirLogger
+from .run_dir import RunDirLogger, write_hparams_beside
 
 DEFAULT_FILE_NAME = "metrics.csv"
-HPARAMS_FILE_NAME = "hparams.json"
 
 
 def _row_bytes(header: list[str], row: dict[str, Any]) -> bytes:
@@ -126,9 +124,7 @@ class CSVLogger(RunDirLogger):
         self._file = open(path, "ab")
 
     def write_hparams(self, hparams: dict[str, Any]) -> None:
-        path = self.path.with_name(HPARAMS_FILE_NAME)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(hparams, indent=2, sort_keys=True, default=repr) + "\n")
+        write_hparams_beside(self.path, hparams)
 
     def fit_end(self, ctx: Any) -> None:
         self.close()  # a later fit call (or log call) reopens the file for appending

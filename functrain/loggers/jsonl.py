@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .base import json_number
-from .run_dir import RunDirLogger
+from .run_dir import RunDirLogger, write_hparams_beside
 
 DEFAULT_FILE_NAME = "metrics.jsonl"
-HPARAMS_FILE_NAME = "hparams.json"
 
 
 class JSONLLogger(RunDirLogger):
@@ -69,9 +68,7 @@ class JSONLLogger(RunDirLogger):
         file.flush()
 
     def write_hparams(self, hparams: dict[str, Any]) -> None:
-        path = self.path.with_name(HPARAMS_FILE_NAME)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(hparams, indent=2, sort_keys=True, default=repr) + "\n")
+        write_hparams_beside(self.path, hparams)
 
     def fit_end(self, ctx: Any) -> None:
         self.close()  # a later fit call (or log call) reopens the file for appending

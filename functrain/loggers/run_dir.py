@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,20 @@ class RunDirLogger(Logger):
     def for_rank(self, path: Path, rank: int) -> Path:
         """The location of rank `rank` (not 0) derived from rank 0's: a `rank<r>` subdirectory."""
         return path / f"rank{rank}"
+
+
+HPARAMS_FILE_NAME = "hparams.json"
+
+
+def write_hparams_beside(path: Path, hparams: dict[str, Any]) -> None:
+    """Write `hparams` as `hparams.json` in the folder of a logger's file `path` (JSON, sorted).
+
+    Args:
+        path: the logger's own file (metrics.jsonl, metrics.csv, ...).
+        hparams: the run's hyperparameters; values JSON cannot hold are written as their repr.
+    Example:
+        >>> write_hparams_beside(Path("runs/a/metrics.csv"), {"lr": 1e-3})
+    """
+    out = path.with_name(HPARAMS_FILE_NAME)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(hparams, indent=2, sort_keys=True, default=repr) + "\n")
