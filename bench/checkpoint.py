@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # run as `python bench/checkpoint.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import functrain  # noqa: E402
+from bench import checkpoint_tiers  # noqa: E402
 from bench.common import RESULTS_DIR, environment, markdown_table, timestamp, write_json  # noqa: E402
 from functrain import checkpoint  # noqa: E402
 from functrain.tree import leaves_with_paths, tree_map  # noqa: E402
@@ -309,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         small_reps = args.small_reps or 3 * args.reps
         io_times.update(measure_small(small, workdir, small_reps))
         async_times = measure_async(state, workdir, args.reps)
+        tiers = checkpoint_tiers.measure(state, workdir, args.reps)  # issue 29's rows
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -365,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     goals = {name: value <= limit for (name, value), limit in zip(ratios.items(), limits)}
     print()
     print(markdown_table(["ratio", "value", "met"], [[n, v, goals[n]] for n, v in ratios.items()]))
+    print("\n" + checkpoint_tiers.tables(tiers, mb))
     payload = {
         "suite": "checkpoint",
         "time": timestamp(),
@@ -377,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "small_state": {"mb": small.mb, "leaves": len(small.flat), "reps": small_reps},
         "ratios": ratios,
         "goals": goals,
+        "tiers": tiers,
     }
     print(f"\nwrote {write_json(args.out, payload)}")
     return 0
