@@ -29,6 +29,7 @@ from ..units import Time
 from . import layout, retention, storage, writer
 from .errors import CheckpointError, CheckpointLeaseError
 from .lease import Lease
+from .reachable import check_reachable
 
 logger = logging.getLogger("functrain.checkpoint")
 _COUNT_FIELDS = {"ep": "epoch", "ba": "batch", "sp": "sample", "tok": "token"}
@@ -59,6 +60,7 @@ def checkpoints(root: Any, storage_options: dict | None = None) -> list[tuple[in
         [(100, 'file:///runs/a/step_000000100'), (200, 'file:///runs/a/step_000000200')]
     """
     loc = storage.resolve(root, storage_options)
+    check_reachable(loc)
     return [(step, child.url) for step, child in committed(loc)]
 
 
@@ -98,6 +100,7 @@ class Root:
         keep_every: int | Time | None = None,
         best: tuple[int, str, str] | None = None,
     ):
+        check_reachable(loc)  # an unreachable object store fails here, fast, naming the fix
         self.loc = loc
         self.rank = rank
         # `group` may be a function giving the current group: a manager's writer makes its group
