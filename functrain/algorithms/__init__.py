@@ -21,7 +21,7 @@ from .ema import EMAState, ema, ema_params, swap_in_ema
 from .gradient_clipping import gradient_clipping
 from .gyro_dropout import gyro_dropout
 from .layer_freezing import layer_freezing
-from .rollback import LossSpikeError, rollback_guard, skipped_batches
+from .rollback import LossSpikeError, rollback_guard, skipped_batches, skipped_ranges
 from .sam import sam
 from .stochastic_depth import stochastic_depth
 from .surgery import (
@@ -67,6 +67,7 @@ __all__ = [
     "sam",
     "squeeze_excite",
     "skipped_batches",
+    "skipped_ranges",
     "stochastic_depth",
     "surgery_algorithm",
     "surgery_of",
