@@ -51,23 +51,25 @@ def _pieces(tensors: list[Any]) -> list[torch.Tensor] | None:
                 return None
             tensors = [_local(x) for x in tensors]
             break
-    dtype, device = tensors[0].dtype, tensors[0].device
-    if dtype not in _FLOATS:
-        return None
-    for t in tensors:
-        if t.dtype != dtype or t.device != device:
-            return None
+    param = tensors[0]
+    dtype, device, strides = param.dtype, param.device, param.stride()
     # The kernels walk each tensor's memory as one flat array, so a parameter and its moments
     # must be dense and laid out alike (the gradient, tensors[1], is checked on every call).
-    param = tensors[0]
-    if not dense(param) or not all(same_layout(t, param) for t in tensors[2:]):
+    if dtype not in _FLOATS or not dense(param):
         return None
+    for index, t in enumerate(tensors):
+        if t.dtype != dtype or t.device != device:
+            return None
+        if index > 1 and t.stride() != strides and not same_layout(t, param):
+            return None
     return tensors
 
 
 def dense(t: torch.Tensor) -> bool:
     """True when `t`'s elements fill its memory exactly once, in some order of its dimensions
     (contiguous, channels-last, a transposed contiguous tensor; not a slice with a step)."""
+    if t.is_contiguous():  # the common case, decided in C
+        return True
     expected = 1
     for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
         if stride != expected:
@@ -79,7 +81,10 @@ def dense(t: torch.Tensor) -> bool:
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when `a` and `b` (of one shape) have the same strides, except on dimensions of size
     1, where a stride says nothing."""
-    return all(x == y or n == 1 for x, y, n in zip(a.stride(), b.stride(), a.shape))
+    ours, theirs = a.stride(), b.stride()
+    if ours == theirs:  # the common case: one tuple comparison per tensor, every step
+        return True
+    return all(x == y or n == 1 for x, y, n in zip(ours, theirs, a.shape))
 
 
 def grads_laid_out_like_params(groups: dict) -> None:
@@ -97,9 +102,9 @@ def grads_laid_out_like_params(groups: dict) -> None:
     for columns in groups.values():
         params, grads = columns[0], columns[1]
         for i, (param, grad) in enumerate(zip(params, grads)):
-            if grad.dtype != param.dtype or grad.device != param.device:
+            if grad.dtype is not param.dtype or grad.device != param.device:
                 raise NotFusable("a gradient of another dtype or device than its parameter")
-            if not same_layout(grad, param):
+            if grad.stride() != param.stride() and not same_layout(grad, param):
                 grads[i] = torch.empty_like(param).copy_(grad)
 
 
