@@ -1,7 +1,7 @@
 """Activation checkpointing: chosen blocks keep only their inputs; backward recomputes the rest.
 
-`activation_checkpointing(Block)` wraps the step's `loss` piece. While the loss runs, each chosen
-module is called through `torch.utils.checkpoint.checkpoint` (non-reentrant): the forward pass
+`activation_checkpointing(Block)` adds an installer to the step's forward run
+(`step.forward_run`, innermost of all). While the loss runs, each chosen module is called through `torch.utils.checkpoint.checkpoint` (non-reentrant): the forward pass
 keeps the module's inputs, not its intermediate activations, and the backward pass runs the
 module again to get them back. Nothing is stored in the state and the model is not changed
 (the module is swapped for a parameterless stand-in in its parent only while the loss runs), so
@@ -13,10 +13,12 @@ Three things make the recomputation see what the forward pass saw:
   state's tensors back by the time the backward pass recomputes. The stand-in records the
   module's parameters and buffers at forward time and installs them again for the
   recomputation (buffers as copies: BatchNorm's running statistics are updated once, not twice);
-- gather at use: under `fsdp(reshard_after_forward=True)` those parameters are this rank's
-  shards ("placeholders"); the recomputation installs the module hooks that gather them again
-  (`parallel.reshard.gathering_modules`), and the gradients still flow through the forward
-  pass's gathers, so each bucket is reduced once;
+- the layout: the recomputation runs in the backward pass, after the forward run removed what
+  it installed, so it installs again what acts when a module is called
+  (`ForwardRun.recomputing`): the tensor-parallel forwards, and under
+  `fsdp(reshard_after_forward=True)` the module hooks that gather the parameters (this rank's
+  shards, "placeholders") again; the gradients still flow through the forward pass's gathers,
+  so each bucket is reduced once;
 - random numbers: checkpoint restores the global generator to its state at forward time
   (`preserve_rng_state`); the step seeds that generator from the run's counter-based key, so
   dropout draws the same mask twice, and a resumed run the same masks as an uninterrupted one.
@@ -34,15 +36,13 @@ import contextlib
 import fnmatch
 import functools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 import torch
 from torch.utils import checkpoint as torch_checkpoint
 
 from .. import _torch
-from ..parallel import reshard
 from ..step import Algorithm, StepPieces
-from ..step.model_calls import ModelCalls
+from ..step.forward_run import ForwardRun, Installer
 
 POLICIES = ("full", "selective")
 
@@ -206,10 +206,10 @@ def wrap_innermost(parent: torch.nn.Module, child: str, make: Callable) -> Calla
 class _Recomputed(StandIn):
     """Calls `inner` under checkpoint (see the module docstring)."""
 
-    def __init__(self, inner: torch.nn.Module, context_fn: Callable | None, inflight=None):
+    def __init__(self, inner: torch.nn.Module, context_fn: Callable | None, run=None):
         super().__init__(inner)
         object.__setattr__(self, "make_contexts", context_fn)
-        object.__setattr__(self, "inflight", inflight)  # the step's gathers at use (or None)
+        object.__setattr__(self, "run", run)  # the step's ForwardRun (None: nothing to redo)
 
     def forward(self, *args, **kwargs):
         inner = self.inner
@@ -224,7 +224,7 @@ class _Recomputed(StandIn):
                 inner, *args, use_reentrant=False, context_fn=self.make_contexts, **kwargs
             )
         tensors = _module_tensors(inner)
-        inflight = self.inflight
+        run = self.run
         make_contexts = self.make_contexts
 
         def contexts():
@@ -233,7 +233,7 @@ class _Recomputed(StandIn):
                 if make_contexts
                 else (contextlib.nullcontext(), contextlib.nullcontext())
             )
-            return forward_ctx, _recomputing(tensors, inflight, recompute_ctx)
+            return forward_ctx, _recomputing(tensors, run, recompute_ctx)
 
         return torch_checkpoint.checkpoint(
             inner, *args, use_reentrant=False, context_fn=contexts, **kwargs
@@ -256,13 +256,14 @@ def _module_tensors(module: torch.nn.Module) -> list[tuple[dict, str, torch.Tens
 
 
 @contextlib.contextmanager
-def _recomputing(tensors, inflight, inner_ctx) -> Iterator[None]:
-    """The forward pass's tensors installed again, and gathering at use, for a recomputation."""
+def _recomputing(tensors, run, inner_ctx) -> Iterator[None]:
+    """The forward pass's tensors installed again, and what the run installs for a
+    recomputation (tensor-parallel forwards, gathering at use)."""
     previous = [(owner, name, owner[name]) for owner, name, _, _ in tensors]
     try:
         for owner, name, tensor, is_buffer in tensors:
             owner[name] = tensor.clone() if is_buffer else tensor
-        with reshard.gathering_modules(inflight), inner_ctx:
+        with run.recomputing() if run is not None else contextlib.nullcontext(), inner_ctx:
             yield
     finally:
         for owner, name, tensor in previous:
@@ -271,7 +272,10 @@ def _recomputing(tensors, inflight, inner_ctx) -> Iterator[None]:
 
 @contextlib.contextmanager
 def recomputing_modules(
-    model: torch.nn.Module, names: list[str], context_fn: Callable | None = None
+    model: torch.nn.Module,
+    names: list[str],
+    context_fn: Callable | None = None,
+    run: ForwardRun | None = None,
 ) -> Iterator[None]:
     """While active, the modules of `model` named in `names` run under checkpoint.
 
@@ -279,15 +283,14 @@ def recomputing_modules(
         model: the model the loss calls.
         names: qualified module names (`chosen_modules`).
         context_fn: `() -> (forward_ctx, recompute_ctx)` (selective checkpointing), or None.
+        run: the step's `ForwardRun`, whose layout the recomputation installs again (None:
+            nothing to install again).
     """
     undo = []
-    inflight = reshard.inflight_of(model)  # handed to this forward by the step (see reshard)
     try:
         for name in names:
             parent, child = parent_of(model, name)
-            undo.append(
-                wrap_innermost(parent, child, lambda m: _Recomputed(m, context_fn, inflight))
-            )
+            undo.append(wrap_innermost(parent, child, lambda m: _Recomputed(m, context_fn, run)))
         yield
     finally:
         for restore in reversed(undo):
@@ -301,21 +304,6 @@ def refuse_functorch(name: str) -> None:
             f"{name} works through autograd's saved-tensor hooks, which torch.func.grad does "
             "not support; build the step with make_step(..., grad_mode='autograd') (the default)"
         )
-
-
-def module_of(model: Any) -> torch.nn.Module:
-    if isinstance(model, torch.nn.Module):
-        return model
-    if isinstance(model, ModelCalls):
-        # its `module` is where attribute lookups go (not an attribute itself: `.module` reaches
-        # the model's own attributes)
-        module = vars(model).get("_module")
-        if isinstance(module, torch.nn.Module):
-            return module
-    raise TypeError(
-        "activation_checkpointing needs the loss to receive the model as an nn.Module; "
-        f"got {type(model).__name__}. Compose activation_checkpointing last (outermost)."
-    )
 
 
 def activation_checkpointing(
@@ -356,23 +344,22 @@ def activation_checkpointing(
         # a partial of a module-level function: a form torch.compile accepts as a context_fn
         context_fn = functools.partial(_selective_contexts, save)
 
+    def install(run: ForwardRun) -> contextlib.AbstractContextManager[None]:
+        refuse_functorch("activation_checkpointing")
+        module = run.model
+        # A walk over the module names per call (no cache keyed by object identity).
+        names_here = chosen_modules(module, matches, every)
+        if not names_here:
+            raise ValueError(
+                "activation_checkpointing matched no module of "
+                f"{type(module).__name__}; check target/names (module names look "
+                f"like {[n for n, _ in module.named_modules() if n][:4]})"
+            )
+        return recomputing_modules(module, names_here, context_fn, run)
+
+    installer = Installer("activation_checkpointing", install)
+
     def apply(pieces: StepPieces) -> StepPieces:
-        inner = pieces.loss
-
-        def loss(model, batch):
-            refuse_functorch("activation_checkpointing")
-            module = module_of(model)
-            # A walk over the module names per call (no cache keyed by object identity).
-            names_here = chosen_modules(module, matches, every)
-            if not names_here:
-                raise ValueError(
-                    "activation_checkpointing matched no module of "
-                    f"{type(module).__name__}; check target/names (module names look "
-                    f"like {[n for n, _ in module.named_modules() if n][:4]})"
-                )
-            with recomputing_modules(module, names_here, context_fn):
-                return inner(model, batch)
-
-        return pieces._replace(loss=loss)
+        return pieces._replace(installers=(*pieces.installers, installer))
 
     return Algorithm(name="activation_checkpointing", apply=apply)

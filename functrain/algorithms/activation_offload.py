@@ -1,7 +1,8 @@
 """Activation offload: the activations autograd saves go to host memory, and come back for backward.
 
-`activation_offload()` wraps the step's `loss` piece in `torch.autograd.graph.saved_tensors_hooks`
-(around the chosen modules' calls, or the whole forward pass): each tensor autograd saves is
+`activation_offload()` adds an installer to the step's forward run (`step.forward_run`): while the
+loss runs, `torch.autograd.graph.saved_tensors_hooks` are active (around the chosen modules'
+calls, or the whole forward pass): each tensor autograd saves is
 copied to the host when it is saved and copied back to its device when the backward pass needs
 it (Composer's `activation_cpu_offload`, torch's `save_on_cpu`). On CUDA the host copies are in
 pinned memory and both copies are `non_blocking` on the compute stream (ordered with the kernels
@@ -12,8 +13,10 @@ gathered parameters, which stay handles that are gathered again (`parallel.resha
 On CPU the mechanism runs the same way (the saved tensors are copied and the copies used in the
 backward pass), so it is tested for equality there; the memory it saves only shows on a GPU.
 
-It composes with `activation_checkpointing`: a checkpointed module saves nothing through these
-hooks (checkpoint's own hooks are innermost), the others' activations are offloaded.
+It composes with `activation_checkpointing`, in either composition order: the forward run
+installs offload outside checkpointing (`step.forward_run.ORDER`), so a checkpointed module
+saves nothing through these hooks (checkpoint's own hooks are innermost), and the others'
+activations are offloaded.
 
 Example:
     >>> step = functrain.compose(step, activation_offload(Block))      # the blocks' activations
@@ -31,11 +34,11 @@ import torch
 from .. import _torch
 from ..parallel import reshard
 from ..step import Algorithm, StepPieces
+from ..step.forward_run import ForwardRun, Installer
 from .activation_checkpointing import (
     StandIn,
     chosen_modules,
     module_matcher,
-    module_of,
     parent_of,
     refuse_functorch,
 )
@@ -86,18 +89,38 @@ def _unpack(inflight, packed: Any) -> torch.Tensor:
 @contextlib.contextmanager
 def offloading(pin_memory: bool = True, inflight=None) -> Iterator[None]:
     """While active, tensors autograd saves are kept on the host (see the module docstring);
-    `inflight` (`reshard.inflight_of(model)`) turns views of gathered parameters into handles."""
+    `inflight` (the forward run's `gathered_at_use`) turns views of gathered parameters into
+    handles."""
     with torch.autograd.graph.saved_tensors_hooks(
         lambda t: _pack(inflight, pin_memory, t), lambda p: _unpack(inflight, p)
     ):
         yield
 
 
-def _module_or(model):
+@contextlib.contextmanager
+def offloading_modules(
+    model: torch.nn.Module, names: list[str], pin_memory: bool = True, inflight=None
+) -> Iterator[None]:
+    """While active, the modules of `model` named in `names` run under `offloading`.
+
+    Args:
+        model: the root module.
+        names: qualified module names (`chosen_modules`).
+        pin_memory: page-locked host copies on CUDA.
+        inflight: the step's gathers at use (`ForwardRun.gathered_at_use`), or None.
+    """
+    swapped = []
     try:
-        return module_of(model)
-    except TypeError:
-        return None
+        for name in names:
+            parent, child = parent_of(model, name)
+            children = _torch.child_slots(parent)
+            original = children[child]
+            children[child] = _Offloaded(original, pin_memory, inflight)
+            swapped.append((parent, child, original))
+        yield
+    finally:
+        for parent, child, original in reversed(swapped):
+            _torch.child_slots(parent)[child] = original
 
 
 def activation_offload(
@@ -119,38 +142,23 @@ def activation_offload(
     whole = target is None and names is None
     matches = None if whole else module_matcher(target, names)
 
+    def install(run: ForwardRun) -> contextlib.AbstractContextManager[None]:
+        if not torch.is_grad_enabled():
+            return contextlib.nullcontext()
+        refuse_functorch("activation_offload")
+        if whole:
+            return offloading(pin_memory, run.gathered_at_use)
+        chosen = chosen_modules(run.model, matches)
+        if not chosen:
+            raise ValueError(
+                f"activation_offload matched no module of {type(run.model).__name__}; check "
+                "target/names"
+            )
+        return offloading_modules(run.model, chosen, pin_memory, run.gathered_at_use)
+
+    installer = Installer("offload", install)
+
     def apply(pieces: StepPieces) -> StepPieces:
-        inner = pieces.loss
-
-        def loss(model, batch):
-            if not torch.is_grad_enabled():
-                return inner(model, batch)
-            refuse_functorch("activation_offload")
-            if whole:  # any model the loss is given; gathers at use where it is the module
-                inflight = reshard.inflight_of(_module_or(model))
-                with offloading(pin_memory, inflight):
-                    return inner(model, batch)
-            module = module_of(model)
-            inflight = reshard.inflight_of(module)  # handed to this forward by the step
-            chosen = chosen_modules(module, matches)
-            if not chosen:
-                raise ValueError(
-                    f"activation_offload matched no module of {type(module).__name__}; check "
-                    "target/names"
-                )
-            swapped = []
-            try:
-                for name in chosen:
-                    parent, child = parent_of(module, name)
-                    children = _torch.child_slots(parent)
-                    original = children[child]
-                    children[child] = _Offloaded(original, pin_memory, inflight)
-                    swapped.append((parent, child, original))
-                return inner(model, batch)
-            finally:
-                for parent, child, original in reversed(swapped):
-                    _torch.child_slots(parent)[child] = original
-
-        return pieces._replace(loss=loss)
+        return pieces._replace(installers=(*pieces.installers, installer))
 
     return Algorithm(name="activation_offload", apply=apply)

@@ -9,7 +9,7 @@ when autograd needs them, so a rank holds the whole parameters of about one modu
     gather_params(leaves, layout, inflight)
                                  sharded params stay as their local pieces ("placeholders"),
                                  recorded in the step's `InFlight`
-    with gathering_at_use(inflight, model):
+    with gathering_at_use(inflight):
         loss = model(batch)      a module's forward pre-hook swaps its placeholders for gathered
                                  whole tensors; its forward hook swaps them back; tensors that
                                  autograd saves from them are stored as handles, not copies
@@ -39,8 +39,6 @@ from .collectives import BucketCollective, InFlight, gather_detached, prefetch
 if TYPE_CHECKING:
     from .layout import Layout
 
-BOUND_ATTRIBUTE = "_functrain_inflight"  # on the root module, while one forward runs
-
 
 class _Saved(NamedTuple):
     """What autograd keeps instead of a view of a gathered parameter: how to rebuild it."""
@@ -68,19 +66,18 @@ def register(
 
 
 @contextlib.contextmanager
-def gathering_at_use(
-    inflight: InFlight | None, model: torch.nn.Module | None = None
-) -> Iterator[None]:
+def gathering_at_use(inflight: InFlight | None) -> Iterator[None]:
     """While active, modules gather the placeholder parameters recorded in `inflight` when they
-    are called (see the module docstring), and `inflight_of(model)` is `inflight`. A no-op when
-    there are none (no plan with reshard_after_forward, or None)."""
+    are called (see the module docstring). A no-op when there are none (no plan with
+    reshard_after_forward, or None). The step installs it as one of its `ForwardRun`'s
+    installers, which also hands `inflight` to the algorithms that need it (offload,
+    activation checkpointing): `run.gathered_at_use`."""
     if inflight is None or not inflight.placeholders:
         yield
         return
 
     try:
         with (
-            bound_to(model, inflight),
             gathering_modules(inflight),
             # a partial, not a closure: it runs for every saved tensor
             torch.autograd.graph.saved_tensors_hooks(
@@ -98,42 +95,6 @@ def gathering_at_use(
         raise
     finally:
         inflight.restore.clear()
-
-
-@contextlib.contextmanager
-def bound_to(model: torch.nn.Module | None, inflight: InFlight) -> Iterator[None]:
-    """While active, `inflight_of(model)` is `inflight` (None: a no-op).
-
-    How an algorithm that wraps the loss (activation checkpointing, offloading) reaches the
-    step's gathers at use: through the model the loss is handed, for the length of one forward,
-    and not through any registry. The entry lives in the module's `__dict__` under
-    `BOUND_ATTRIBUTE` and is removed (the previous one put back) when the block ends.
-    """
-    if model is None:
-        yield
-        return
-    slots = vars(model)
-    missing = object()
-    previous = slots.get(BOUND_ATTRIBUTE, missing)
-    slots[BOUND_ATTRIBUTE] = inflight
-    try:
-        yield
-    finally:
-        if previous is missing:
-            slots.pop(BOUND_ATTRIBUTE, None)
-        else:
-            slots[BOUND_ATTRIBUTE] = previous
-
-
-def inflight_of(model: Any) -> InFlight | None:
-    """The `InFlight` whose placeholders `model`'s modules gather at use in the forward running
-    now (see `bound_to`), or None (no such forward, or no reshard_after_forward).
-
-    Example:
-        >>> inflight = inflight_of(module)      # in a loss wrapper; keep it for the backward
-    """
-    slots = getattr(model, "__dict__", None)
-    return None if slots is None else slots.get(BOUND_ATTRIBUTE)
 
 
 @contextlib.contextmanager

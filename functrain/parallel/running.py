@@ -8,8 +8,10 @@ never meet:
   (FSDP2's `cast_forward_inputs`), since the gathered parameters are in that dtype;
 - tensor parallelism: the styled Linear layers run their parallel forward (`tensor_parallel`);
 - gathering at use: with `reshard_after_forward`, modules gather their parameters when called
-  (`reshard`, from the placeholders recorded in `inflight`), and `reshard.inflight_of(model)`
-  hands `inflight` to the algorithms that wrap the loss.
+  (`reshard`, from the placeholders recorded in `inflight`).
+
+They are installed in the order the step's `ForwardRun` declares (`step.forward_run.ORDER`),
+which also hands `inflight` to the algorithms that install something for the forward.
 
 Under `torch.compile` the first two are installed outside the compiled region (by
 `compile_step`); inside, `running` finds them installed and adds nothing, so the graph does not
@@ -31,10 +33,8 @@ from typing import Any
 import torch
 
 from .. import _torch
-from . import tensor_parallel
 from .collectives import InFlight
 from .layout import Layout
-from .reshard import gathering_at_use
 
 
 class _InputCast:
@@ -71,30 +71,29 @@ def casting_inputs(model: torch.nn.Module, dtype: torch.dtype | None) -> Iterato
         handle.remove()
 
 
-def _tp_installed(model: torch.nn.Module, styles: dict[str, str]) -> bool:
+def tp_installed(model: torch.nn.Module, styles: dict[str, str]) -> bool:
+    """True when the tensor-parallel forwards of `styles` are already on `model`'s layers."""
     modules = dict(model.named_modules())
     first = modules.get(next(iter(styles)))
     return first is not None and "forward" in first.__dict__
 
 
-@contextlib.contextmanager
 def running(
     model: torch.nn.Module, layout: Layout | None, inflight: InFlight | None = None
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """Run `model` under `layout` inside this block (see the module docstring).
+
+    The layout's part of the step's `ForwardRun` (`functrain.step.forward_run`, where the order
+    of everything installed for a forward is written), for a forward run by hand.
 
     Args:
         model: the root module (the one given to `functrain.init`).
         layout: the state's layout; None: a no-op.
         inflight: the step's `InFlight` holding placeholders to gather at use (None: none).
+    Returns:
+        the context manager installing them.
     """
-    if layout is None:
-        yield
-        return
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(casting_inputs(model, layout.param_dtype))
-        styles = dict(layout.tp_styles)
-        if styles and not _tp_installed(model, styles):
-            stack.enter_context(tensor_parallel.parallel_forwards(model, styles, layout.tp_group))
-        stack.enter_context(gathering_at_use(inflight, model))
-        yield
+    # imported here: the step builds on this package, not the other way round
+    from ..step.forward_run import ForwardRun
+
+    return ForwardRun(model, layout, inflight).installed()

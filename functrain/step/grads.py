@@ -5,7 +5,9 @@ wrapper module (`_Apply`, so `torch.func.functional_call` can swap a state's ten
 a call of `fn(model, ...)`), or as it is when the state's tensors *are* the model's own (a
 donating run from `init`: the hand-written loop's fast path). Per call it splits the batch into
 microbatches, seeds torch's global generator from the step's key around each forward pass (for
-`nn.Dropout` and the like), and returns the averaged gradients.
+`nn.Dropout` and the like), and returns the averaged gradients. Everything installed on the model
+for a forward pass is installed by the one `ForwardRun` it makes per call, in the order written in
+`forward_run.ORDER`; writing the state's tensors into the model's slots is that order's "slots".
 
 Example:
     >>> grads_piece = GradsPiece(model, config)
@@ -27,11 +29,11 @@ from ..parallel import InFlight, data_parallel_info
 from ..parallel import buffers as parallel_buffers
 from ..parallel import compute as parallel_compute
 from ..parallel import offload as parallel_offload
-from ..parallel import running as parallel_running
 from ..rng import seed_for, seeded_global_rng
 from ..state import TrainState, trainable_names
 from . import precision as precision_lib
 from .batching import num_samples, split_batch
+from .forward_run import ForwardRun, ordered
 from .pieces import Batch, GradResult, StepConfig, StepPieces
 
 
@@ -84,10 +86,11 @@ class GradsPiece:
 
     def call_model(self, state: TrainState, *args, **kwargs):
         """Run the model with `state`'s params and buffers, without gradients."""
-        layout, inflight = state.layout, InFlight(state.layout)
+        layout = state.layout
+        run = ForwardRun(self.model, layout, InFlight(layout))  # the layout's installers only
         params = parallel_offload.to_compute(state.params, layout)  # host shards: to the device
-        tensors = {**parallel_compute.gather_params(params, layout, inflight), **state.buffers}
-        with torch.no_grad(), parallel_running(self.model, layout, inflight):
+        tensors = {**parallel_compute.gather_params(params, layout, run.inflight), **state.buffers}
+        with torch.no_grad(), run.installed():
             return self._with_tensors(tensors, _call, *args, **kwargs)
 
     def _with_tensors(self, tensors: dict, fn: Callable, *args, **kwargs):
@@ -187,19 +190,26 @@ class GradsPiece:
         return True
 
     def _forward_loss(
-        self, pieces: StepPieces, params, buffers, batch, in_place=False, layout=None, inflight=None
+        self, pieces: StepPieces, params, buffers, batch, in_place: bool, run: ForwardRun
     ):
-        """`pieces.loss` run with `params` and `buffers` swapped into the model (under `layout`)."""
-        if in_place:  # the model already holds exactly these tensors
-            return pieces.loss(self.model, batch)
-        with parallel_running(self.model, layout, inflight):  # input cast, TP, gather at use
-            return self._with_tensors({**params, **buffers}, pieces.loss, batch)
+        """`pieces.loss` run with `params` and `buffers` swapped into the model, everything of
+        `run` installed around it in its order (`forward_run.ORDER`)."""
+        if in_place:  # the model already holds exactly these tensors: no slots to write
+            return run.call_loss(self.model, pieces.loss, batch)
+        tensors = {**params, **buffers}
+        with run.installed():  # input cast, TP, gather at use
+            if not run.installers:  # slots, then the loss
+                return self._with_tensors(tensors, pieces.loss, batch)
+            # slots, then offload and activation checkpointing, then the loss
+            return self._with_tensors(tensors, run.call_loss, pieces.loss, batch)
 
     def __call__(self, pieces: StepPieces, state: TrainState, batch: Batch) -> GradResult:
         """The `grads` piece: forward, `pieces.loss` and gradients, over the microbatches."""
         config = self.config
         layout = state.layout
-        inflight = InFlight(layout)  # this forward/backward's reductions and gathers at use
+        # this forward/backward's reductions and gathers at use, and what is installed for it
+        run = ForwardRun(self.model, layout, InFlight(layout), ordered(pieces.installers))
+        inflight = run.inflight
         rank, _ = data_parallel_info(layout)
         buffers = state.buffers
         if not config.donate:  # BatchNorm updates its statistics in place: work on copies
@@ -226,7 +236,7 @@ class GradsPiece:
                 with self._forward_rng(state, rank, index), autocast(precision, device_type):
                     params = {**frozen, **compute} if frozen else compute
                     loss, aux = self._forward_loss(
-                        pieces, params, buffers, microbatch, in_place, layout, inflight
+                        pieces, params, buffers, microbatch, in_place, run
                     )
                 value = loss if loss.dtype is torch.float32 else loss.float()
                 return (value if weight == 1.0 else value * weight), (loss, aux)

@@ -61,6 +61,9 @@ class StepPieces(NamedTuple):
             bookkeeping (the fp16 loss scale). On a skipped step params, buffers and the
             optimizer state are left exactly as they were; `state.step` and the timestamp still
             advance (the batch was consumed).
+        installers: what algorithms install on the model for each forward pass
+            (`forward_run.Installer`: activation offload, activation checkpointing), applied by
+            the `grads` piece's `ForwardRun` in its declared order, around `loss`.
     """
 
     prepare: Callable[[TrainState, Batch], Batch]
@@ -71,6 +74,7 @@ class StepPieces(NamedTuple):
     after_update: Callable[[TrainState], TrainState]
     call_model: Callable[..., Any]
     guard: Callable[[GradResult, torch.Tensor, TrainState], tuple[TrainState, bool]] = no_guard
+    installers: tuple = ()
 
 
 class Algorithm(NamedTuple):

@@ -1,0 +1,54 @@
+"""The forward run's installers in pairs that interact, on 2 real ranks (gloo).
+
+One launch of tests/parallel/forward_run_worker.py; the tests read its results. Each pair trains
+the same GPT (dropout on) on the same 2 ranks with and without the algorithm installed over the
+layout's installer, and the parameters come out bit-identical:
+
+- tensor parallelism under activation checkpointing: the recomputation, in the backward pass,
+  runs the tensor-parallel forwards again (before the forward run, it ran the plain forward on
+  the shards: torch's CheckpointError, recomputed shapes differ);
+- FSDP's gather at use under activation offload: gathered parameters are still gathered at use
+  (the same count), and their views stay handles rather than host copies.
+"""
+
+import json
+import os
+
+import pytest
+from parallel_launching import HERE, launch, launched_world
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    if launched_world() is not None:
+        pytest.skip("starts its own 2-rank launch")
+    out = tmp_path_factory.mktemp("forward_run") / "results.json"
+    proc = launch(2, [os.path.join(HERE, "forward_run_worker.py"), "--out", str(out)])
+    if proc.returncode != 0:
+        pytest.fail(f"2-rank run failed:\n{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("pair", ["tp_under_checkpointing", "tp_under_checkpointing_and_offload"])
+def test_tensor_parallel_under_checkpointing_equals_without(results, pair):
+    assert results[pair]["identical"], results[pair]
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        "gather_under_offload",
+        "gather_under_offload_of_blocks",
+        "gather_under_checkpointing_and_offload",
+    ],
+)
+def test_fsdp_gather_at_use_under_offload_equals_without(results, pair):
+    assert results[pair]["identical"], results[pair]
+    plain, installed = results[pair]["gathers_at_use"]
+    assert plain > 0  # the pair did meet: buckets were gathered at use
+    if "checkpointing" in pair:  # recomputed blocks gather again
+        assert installed > plain
+    else:
+        assert installed == plain
