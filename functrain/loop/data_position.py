@@ -152,7 +152,7 @@ class PositionedSource(DataSource):
             refuse, naming both definitions), "restart_epoch" or "by_samples" (see
             `repositioned`).
     Example:
-        >>> restored = source.reposition(restored)   # after restore_latest loaded the position
+        >>> ts = source.reposition(restored.timestamp)   # after restore_latest loaded it
     """
 
     def __init__(self, data: Any, placement: tuple[int, int], on_change: str = "error"):
@@ -205,14 +205,14 @@ class PositionedSource(DataSource):
         # the new data from the converted batch (a Loader directly, others by replaying).
         self._pending = (recorded, now)
 
-    def reposition(self, state: Any) -> Any:
-        """`state` at the converted position, when `load_state_dict` decided to convert."""
+    def reposition(self, ts: Timestamp) -> Timestamp:
+        """`ts` converted, when `load_state_dict` decided to convert (else `ts` itself); the
+        loop's state adapter writes it into the state."""
         if self._pending is None:
-            return state
+            return ts
         saved, now = self._pending
         self._pending = None
-        ts = repositioned(state.timestamp, self.on_change, saved, now)
-        return state.replace(timestamp=ts)
+        return repositioned(ts, self.on_change, saved, now)
 
 
 def _is_definition(value: Any) -> bool:

@@ -21,7 +21,6 @@ import torch
 
 from ..loggers import JSONLLogger, ProgressBar
 from ..rng import RngState, seed_for
-from ..state import TrainState
 from ..step.batching import to_device
 from ..step.protocol import as_step
 from ..units import Timestamp, TimeUnit
@@ -31,7 +30,6 @@ from .data_position import PositionedSource
 from .evaluation import describe_batch, dp_info, state_device
 from .events import Context, Event, dispatch, unique_names
 from .fit_metrics import check_eval_sets, evaluate_sets, update_train_metrics
-from .fit_state import FitState, call_step, check_step_output, share_horizon
 from .horizon import (
     Every,
     check_fraction_intervals,
@@ -52,6 +50,7 @@ from .preemption import (
     with_loop_extra,
 )
 from .sanity_check import sanity_check
+from .state_adapter import adapter_for
 
 __all__ = ["FitRun", "StepError"]
 
@@ -70,12 +69,14 @@ class FitRun:
         self.options = options
         step = as_step(step)
         self.step = step.donated() if options.donate else step
-        self.multi = not isinstance(state, TrainState)
-        if self.multi and not isinstance(state, FitState):
-            state = FitState(states=state)
+        self.rank, self.world_size = dp_info(state)
+        # one TrainState, or a tree of states: chosen here, so the loop below has no mode
+        self.adapter, state = adapter_for(state, self.world_size)
         self.state = state  # the one copy of the run's state; ctx.state reads it
         # the state's dp slice; its position is saved with what defines it, checked on resume
-        self.source = PositionedSource(train_data, dp_info(state), options.on_data_change)
+        self.source = PositionedSource(
+            train_data, (self.rank, self.world_size), options.on_data_change
+        )
         self.eval_every = Every(options.eval_interval)
         self.log_every = Every(options.log_interval)
         self.checkpoints = checkpoint_manager(options.checkpoints)
@@ -91,7 +92,6 @@ class FitRun:
             loggers.append(JSONLLogger())  # <run_dir>/metrics.jsonl, for functrain.plot
         self.callbacks = list(options.callbacks) + loggers
         self.names = unique_names(self.callbacks)
-        self.rank, self.world_size = dp_info(state)
         self.device = state_device(state)
         self.ctx = Context(
             run=self,
@@ -117,13 +117,16 @@ class FitRun:
             with self.signals:  # SIGTERM, Ctrl-C: finish the step, checkpoint, return
                 self._emit(Event.INIT)
                 check_eval_sets(self.options.eval_sets, self.rank, self.world_size)
-                self.state = self._init_state(self.state)
+                # what the step keeps in the state, added before a restore target is built
+                self.state = self.adapter.init(self.step, self.state)
                 found = self._resume() if self.options.autoresume else None
                 previous_horizon = self.timestamp.max_batches
                 self._set_horizon()
                 self._announce(found, previous_horizon)
                 where, fresh = (self.rank, self.world_size, self.device), self._batch() == 0
-                sanity_check(self.step, self._step_state(), self.options, where, fresh)
+                sanity_check(
+                    self.step, self.adapter.step_state(self.state), self.options, where, fresh
+                )
                 if self.options.seed is not None:
                     seed = seed_for(RngState(self.options.seed), self.state.step, "fit", self.rank)
                     torch.manual_seed(seed)
@@ -200,7 +203,7 @@ class FitRun:
         ctx.batch = batch
         self._emit(Event.BATCH_START)
         try:
-            state, metrics = call_step(self.step, self.state, batch, self.multi, self.world_size)
+            output, metrics = self.adapter.call(self.step, self.state, batch)
         except Exception as error:
             ts = self.timestamp
             raise StepError(
@@ -208,8 +211,7 @@ class FitRun:
                 f"{ts.batch} of the run), a {describe_batch(batch)}: {type(error).__name__}: "
                 f"{error}. Check that loss_fn(model, batch) can consume this batch."
             ) from error
-        check_step_output(state, metrics, self.multi)
-        self.state = state
+        self.state = self.adapter.after_step(self.state, output, metrics, batch)
         self._estimate_horizon()
         ctx.metrics = metrics
         update_train_metrics(self.options, metrics, batch)
@@ -273,30 +275,15 @@ class FitRun:
         return self.state.timestamp
 
     def _set_timestamp(self, ts: Timestamp) -> None:
-        before = self.state.timestamp
-        self.state = self.state.replace(timestamp=ts)
-        horizon = (ts.batches_per_epoch, ts.max_batches)
-        if self.multi and horizon != (before.batches_per_epoch, before.max_batches):
-            self.state = share_horizon(self.state)
-
-    def _init_state(self, state: Any) -> Any:
-        """What the step keeps in the state, added before a restore target is built."""
-        if self.multi:
-            return state.replace(states=self.step.init_state(state.states))
-        return self.step.init_state(state)
-
-    def _step_state(self) -> Any:
-        """The state the step takes: the TrainState, or the pytree of a FitState."""
-        return self.state.states if self.multi else self.state
+        self.state = self.adapter.with_timestamp(self.state, ts)
 
     def _set_horizon(self) -> None:
         ts = self.timestamp
         # 0 when the data has no length: then what an earlier epoch of this run learnt, if any
         bpe = data_batches_per_epoch(self.source) or ts.batches_per_epoch
         max_batches = max_batches_for(self.options.duration, bpe, ts, self.source.data)
-        self._set_timestamp(ts.replace(batches_per_epoch=bpe, max_batches=max_batches))
-        if self.multi:
-            self.state = share_horizon(self.state)
+        horizon = ts.replace(batches_per_epoch=bpe, max_batches=max_batches)
+        self.state = self.adapter.with_horizon(self.state, horizon)
         self.boundaries.start_clock(self.timestamp.elapsed_sec)
         for every in (self.eval_every, self.log_every):
             every.start(self.timestamp.elapsed_sec)
@@ -320,7 +307,7 @@ class FitRun:
     # -- evaluation, checkpoints, resume -----------------------------------------------------
 
     def _evaluate(self) -> None:
-        state = self._step_state()
+        state = self.adapter.step_state(self.state)
         if self.options.eval_state_fn is not None:
             state = self.options.eval_state_fn(state)
         where = (self.rank, self.world_size, self.device)
@@ -354,7 +341,8 @@ class FitRun:
         if found is None:
             return None
         restored, path = found
-        self.state = restored = self.source.reposition(restored)  # on_data_change's conversion
+        moved = self.source.reposition(restored.timestamp)  # on_data_change's conversion
+        self.state = restored = self.adapter.with_timestamp(restored, moved)
         if path is not None:
             self.last_saved_batch = restored.timestamp.batch
             self.ctx.resumed_from = self.ctx.checkpoint_path = path
