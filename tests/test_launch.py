@@ -68,6 +68,23 @@ def test_the_rank_with_its_own_error_wins_over_ranks_that_lost_their_peer():
     assert status.root_failure({3: failures[0], 5: failures[2]}) == 3
 
 
+def test_a_rank_whose_error_torchrun_missed_is_named_from_its_exit_record():
+    # torch 2.6's torchrun saw only rank 0 (its peer had closed) and stopped rank 1, which had
+    # raised first and recorded its error while exiting.
+    lost_peer = _Failure(1, "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234")
+    raised = _record(1, 1, when=99.0)
+    raised.exit.update(error="ValueError: boom", time=99.0)
+    for failures in ({0: lost_peer}, {0: lost_peer, 1: _Failure(-15, "", 101)}):
+        merged = status.with_recorded_errors(failures, {0: _record(0, 1), 1: raised})
+        assert status.root_failure(merged) == 1
+        line = status.failure_line(merged, 1)
+        assert line.startswith("functrain.launch: rank 1 failed (ValueError: boom)"), line
+        assert status.exit_code_of(merged[1], raised) == 1
+    # A rank whose own error torchrun has keeps torchrun's failure.
+    own = {1: _Failure(1, "Traceback ...\nKeyError: 'x'")}
+    assert status.with_recorded_errors(own, {1: raised}) == own
+
+
 def test_a_rank_that_caught_the_stop_and_exited_is_not_a_failure_of_its_own():
     failures = {0: _Failure(75, "To enable traceback see ..."), 1: _Failure(-6, "")}
     records = {0: _record(0, 75, ["SIGTERM"]), 1: _record(1, None)}
@@ -332,7 +349,8 @@ FIT = textwrap.dedent(
         while True:
             print("beat 99", flush=True)
             time.sleep(0.2)
-    state = functrain.fit(step, state, batches * 100000, duration="100000ba",
+    duration = "3ba" if sys.argv[2] == "short" else "100000ba"
+    state = functrain.fit(step, state, batches * 100000, duration=duration,
                           checkpoints=manager, callbacks=[Beat()], log_interval=None)
     print(f"fit returned at step {state.step}", flush=True)
     if sys.argv[2] == "exit75":   # the examples' `sys.exit(result.exit_code)` after SIGTERM
@@ -535,3 +553,77 @@ def test_sigterm_to_one_rank_stops_both_and_names_no_failure(tmp_path):
     assert proc.returncode == 75
     steps = {line.rsplit(" ", 1)[1] for line in "".join(out).splitlines() if "fit returned" in line}
     assert len(steps) == 1  # both ranks stopped at the same boundary
+
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from functrain.checkpoint import storage
+    from functrain.checkpoint.lease import Lease
+
+    Lease(storage.resolve(sys.argv[1]), 30.0).acquire()
+    print("holding", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _holder(root):
+    """A live process of this machine that holds `root`'s lease (as a rank of another run)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(root)], env=_env(), cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+@pytest.mark.slow
+def test_a_refused_lease_exits_with_the_ranks_code_never_143(tmp_path):
+    """docs/events.md's "lease refused" row: the root is another live run's; after waiting for
+    it to exit, the ranks fail with CheckpointLeaseError, and the launch exits 1, naming it."""
+    script = tmp_path / "fit_stop.py"
+    script.write_text(FIT)
+    holder = _holder(tmp_path / "ckpt")
+    try:
+        proc = _launch([str(script), str(tmp_path / "ckpt"), "short"])
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    line = _last_line(proc.stderr)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "failed (CheckpointLeaseError: " in line and "all ranks were stopped" in line, line
+    assert f"pid {holder.pid}" in proc.stderr and "did not exit in 10s" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_restart_right_after_a_killed_run_waits_for_the_old_owner(tmp_path):
+    """The issue-30 restart: the old run's rank still holds the lease (its launcher was killed a
+    moment ago); the new launch waits for it instead of failing, and takes over once it is gone."""
+    script = tmp_path / "fit_stop.py"
+    script.write_text(FIT)
+    holder = _holder(tmp_path / "ckpt")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "functrain.launch", "-n", "2", str(script), str(tmp_path / "ckpt"), "short"],
+        env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    err = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if "waiting up to 10s for it to exit" in line:
+                break
+        assert f"pid {holder.pid}" in "".join(err), "".join(err)[-3000:]
+        holder.kill()  # the old owner dies now, as a rank of a killed launcher does
+        holder.wait()
+        err.extend(proc.stderr)
+        proc.wait(timeout=240)
+    finally:
+        for p in (holder, proc):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        holder.stdout.close()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode == 0, "".join(err)[-3000:]
+    assert "took over the lease" in "".join(err)  # from the dead owner

@@ -10,6 +10,8 @@ A lease is taken over only when its owner is gone:
 
 - on the same machine, at once when the owner process no longer exists (a SIGKILLed run that
   torchrun restarts, a crash), or when it is this very process (another `Manager` of one root);
+  a live owner there is waited for up to `LIVE_OWNER_WAIT_S` (the ranks of a launcher killed a
+  moment ago are still exiting), then refused;
 - from a torchrun restart of the same run on any machine (same `TORCHELASTIC_RUN_ID`, higher
   `TORCHELASTIC_RESTART_COUNT`), at once;
 - otherwise once it has not been refreshed for `ttl` seconds (watched with this process's own
@@ -57,6 +59,10 @@ DEFAULT_TTL = 30.0
 # Infinity (another host's, or a crafted one) must not make the next run wait forever.
 MAX_TTL = 3600.0
 WAIT_REPORT_S = 30.0  # while waiting out a silent owner, say so this often
+# A live owner on this machine may be on its way out: the ranks of a launcher that was just
+# killed die with it, within moments. A restart right then waits this long for it to exit
+# before refusing (a second run started by mistake is refused after the wait).
+LIVE_OWNER_WAIT_S = 10.0
 
 
 def check_ttl(ttl: Any) -> None:
@@ -108,13 +114,15 @@ class Lease:
 
     def acquire(self) -> None:
         """Take the lease, waiting (up to the owner's ttl) only to tell a dead owner from a live
-        one on another machine.
+        one on another machine, and (up to `LIVE_OWNER_WAIT_S`) for a live owner on this machine
+        to exit.
 
         Raises:
             CheckpointLeaseError: another live run holds it (the message names it).
             CheckpointStorageError: the lease could not be read or written.
         """
         watched: tuple[str, int, float] | None = None  # (token, count, since) of a remote owner
+        live_since: float | None = None  # when a live owner on this machine was first seen
         told = -math.inf  # when the wait was last reported
         races = 0
         while True:
@@ -124,7 +132,21 @@ class Lease:
                 logger.warning("%s is not a lease record; replacing it", self.url)
             verdict = "take" if data is None or other is None else self._verdict(other)
             if verdict == "held":
-                raise self._held_error(other, "it is alive on this machine")
+                now = time.monotonic()
+                live_since = now if live_since is None else live_since
+                if now - live_since < LIVE_OWNER_WAIT_S:
+                    if live_since == now:
+                        logger.warning(
+                            "functrain.checkpoint: %s is held by %s, alive on this machine; "
+                            "waiting up to %gs for it to exit",
+                            self.root.url,
+                            other.describe(),
+                            LIVE_OWNER_WAIT_S,
+                        )
+                    time.sleep(0.2)  # a dying owner (its launcher was killed) exits meanwhile
+                    continue
+                why = f"it is alive on this machine, and did not exit in {LIVE_OWNER_WAIT_S:g}s"
+                raise self._held_error(other, why)
             if verdict == "watch":
                 now = time.monotonic()
                 # Any change of the record while watched (a refresh, or a new owner's token)
