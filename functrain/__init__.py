@@ -9,6 +9,8 @@ Example:
     >>> state, metrics = step(state, batch)
 """
 
+from typing import TYPE_CHECKING
+
 from . import (
     algorithms,
     callbacks,
@@ -39,6 +41,9 @@ from .step import Algorithm, GradResult, Step, StepPieces, compose, make_step
 from .step.compile import CompiledStep, compile_step
 from .step.protocol import Evaluator, StepLike, as_step
 from .units import Time, Timestamp, TimeUnit
+
+if TYPE_CHECKING:
+    from .ensemble import stack_states, unstack_states
 
 __version__ = "0.1.0"
 
@@ -90,20 +95,27 @@ __all__ = [
     "recipes",
     "rng",
     "schedules",
+    "stack_states",
     "testing",
     "tree",
+    "unstack_states",
 ]
+
+
+_ENSEMBLE = ("stack_states", "unstack_states")
 
 
 def __getattr__(name: str):
     # `functrain.testing` needs hypothesis, a test dependency: imported when first read, so
     # `import functrain` works without it.
-    if name == "testing":
-        import importlib
+    import importlib
 
+    if name == "testing":
         return importlib.import_module(".testing", __name__)
+    if name in _ENSEMBLE:  # stacking states for torch.func.vmap: read when first used
+        return getattr(importlib.import_module(".ensemble", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"testing"})
+    return sorted(set(globals()) | {"testing", *_ENSEMBLE})

@@ -15,6 +15,7 @@ Sections:
                           `Module._forward_pre_hooks`
     autograd engine       `torch._C._current_graph_task_id`,       parallel, callbacks, algorithms
                           `_execution_engine.queue_callback`, functorch's interpreter stack
+    pytrees               `torch.utils._pytree` registration       state
     aten kernels          `aten._scaled_dot_product_*_attention`   algorithms
     device meshes         `DeviceMesh._flatten`, `_pg_registry`    parallel
     torch bugs            `torch.distributed.nn.functional` binds  parallel (teardown)
@@ -218,6 +219,31 @@ def functorch_transforms_active() -> bool:
 def under_functorch_grad() -> bool:
     """True when a `torch.func` interpreter is on the stack (its grad has no saved-tensor hooks)."""
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+# --- pytrees (state) -----------------------------------------------------------------------
+# Why private: `torch.func.vmap` flattens its arguments with `torch.utils._pytree`'s registry,
+# and a type joins it only through that module (no public `torch.utils.pytree` on 2.13).
+
+
+def register_torch_pytree(cls: type, flatten, unflatten, flatten_with_keys) -> None:
+    """Register `cls` with torch's pytree, so `torch.func` transforms see into it.
+
+    `flatten_with_keys(obj)` returns `([(dotted_path, child), ...], context)`; the paths become
+    torch's `MappingKey`s.
+    """
+
+    def with_keys(obj):
+        keyed, context = flatten_with_keys(obj)
+        return [(torch.utils._pytree.MappingKey(k), x) for k, x in keyed], context
+
+    torch.utils._pytree.register_pytree_node(
+        cls,
+        flatten,
+        unflatten,
+        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        flatten_with_keys_fn=with_keys,
+    )
 
 
 # --- aten kernels (algorithms) -------------------------------------------------------------

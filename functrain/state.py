@@ -4,6 +4,11 @@ Only tensors and plain scalars are leaves, so every part of the state saves and 
 (`params.fc.weight`, `opt_state.1.mu.fc.weight`, `timestamp.batch`, ...). The state's `layout`
 (how its parameters sit on a device mesh) is static metadata of the tree, not a leaf.
 
+For `torch.func` (which flattens with torch's own pytree) a state's tensors are its children and
+its Python numbers (step, rng, timestamp, optimizer counts) static context, like the layout: so
+`torch.func.vmap(step, in_dims=(0, None))` maps over a state stacked by `functrain.stack_states`
+while the counters stay Python numbers, read without a device sync, and saved by path as before.
+
 Example:
     >>> model = torch.nn.Linear(3, 2)
     >>> state = functrain.init(model, functrain.optim.adamw(lr=1e-3), seed=0)
@@ -18,8 +23,16 @@ from typing import Any
 
 import torch
 
+from . import _torch
 from .rng import RngState
-from .tree import fast_replace, register_dataclass, static_field
+from .tree import (
+    fast_replace,
+    leaves_with_paths,
+    register_dataclass,
+    static_field,
+    tree_flatten,
+    tree_unflatten,
+)
 from .units import Timestamp
 
 
@@ -58,6 +71,50 @@ class TrainState:
     def replace(self, **changes: Any) -> TrainState:
         """A copy with some fields changed (the state itself is never modified)."""
         return fast_replace(self, changes)
+
+
+# torch's pytree view of a state (what `torch.func.vmap` flattens): the tensors are the
+# children; everything else (Python numbers, the structure, the layout) is static context, so a
+# stacked state vmaps with in_dims=0 while `step` and the counters stay host-side Python numbers
+# (no host read per step) and stay leaves of functrain's own tree (the checkpoint's).
+_CHILD_SLOTS = "_torch_child_slots"
+
+
+def _torch_flatten(state: TrainState) -> tuple[list[Any], Any]:
+    leaves, spec = tree_flatten(state)
+    slots = state.__dict__.get(_CHILD_SLOTS)
+    if slots is None:
+        slots = frozenset(i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor))
+    children = [x for i, x in enumerate(leaves) if i in slots]
+    static = tuple((i, x) for i, x in enumerate(leaves) if i not in slots)
+    return children, (spec, static)
+
+
+def _torch_unflatten(children: Any, context: Any) -> TrainState:
+    spec, static = context
+    children = list(children)
+    fixed = dict(static)
+    slots = [i for i in range(spec.num_leaves) if i not in fixed]
+    leaves = [fixed.get(i) for i in range(spec.num_leaves)]
+    for i, child in zip(slots, children):
+        leaves[i] = child
+    state = tree_unflatten(spec, leaves)
+    if not all(isinstance(x, torch.Tensor) for x in children):
+        # torch's pytree code rebuilds a tree with placeholders in the children's slots (vmap's
+        # in_dims broadcast fills them with 0): remember the slots, so that flattening it again
+        # gives the same structure although the placeholders are no tensors.
+        state.__dict__[_CHILD_SLOTS] = frozenset(slots)
+    return state
+
+
+def _torch_flatten_with_keys(state: TrainState) -> tuple[list[tuple[str, Any]], Any]:
+    children, context = _torch_flatten(state)
+    slots = set(range(context[0].num_leaves)) - {i for i, _ in context[1]}
+    paths = [p for i, (p, _) in enumerate(leaves_with_paths(state)) if i in slots]
+    return list(zip(paths, children)), context
+
+
+_torch.register_torch_pytree(TrainState, _torch_flatten, _torch_unflatten, _torch_flatten_with_keys)
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("the public API and the tools that use it", frozenset({"__init__", "testing", "plot"})),
     ("the loop and its observers", frozenset({"loop", "callbacks", "loggers"})),
     ("the step and its transforms", frozenset({"step", "algorithms", "recipes"})),
-    ("the math", frozenset({"optim", "schedules", "functional", "models"})),
+    ("the math", frozenset({"optim", "schedules", "functional", "models", "ensemble"})),
     ("placement and storage", frozenset({"parallel", "checkpoint", "state", "export"})),
     ("values", frozenset({"units", "rng", "data", "metrics", "datasets", "streaming"})),
     ("foundations", frozenset({"tree", "_lazy", "_torch"})),
