@@ -73,11 +73,16 @@ def test_eight_mlps_trained_in_one_vmapped_step_equal_eight_separate_runs():
         assert tree_allclose(member, separate[i], atol=1e-6, rtol=0)
 
 
-def test_the_ensemble_bench_writes_its_three_rows_and_the_ratio(tmp_path):
+def test_the_ensemble_bench_writes_its_four_rows_and_the_ratio(tmp_path):
     from bench import ensemble
 
     out = tmp_path / "ensemble.json"
     report = ensemble.main(["--members", "2", "--reps", "1", "--calls", "1", "--out", str(out)])
-    assert set(report["variants"]) == {"vmapped", "sequential_func", "sequential_step"}
+    assert set(report["variants"]) == {
+        "vmapped_step",
+        "vmapped",
+        "sequential_func",
+        "sequential_step",
+    }
     assert report["variants"]["sequential_step"]["ratio"] == 1.0
     assert "vmapped vs sequential" in report["note"] and out.exists()
