@@ -114,6 +114,14 @@ def test_examples_pick_their_threads(monkeypatch):
         torch.set_num_threads(threads)
 
 
+def test_ensemble_digits_quick_trains_all_members_in_one_vmapped_step(one_thread):
+    result = load_example("ensemble_digits").main(["--quick", *one_thread])
+    assert result["state"].step == 88  # 2 epochs of 44 batches: one step trains all 8 members
+    assert len(result["members"]) == 8 and min(result["members"]) > 0.7
+    assert len(set(result["members"])) > 1  # own initialisations, own data orders
+    assert result["ensemble"] >= sum(result["members"]) / 8
+
+
 def test_fashion_mnist_quick(one_thread):
     needs(datasets.fashion_mnist)
     result = load_example("fashion_mnist_cnn").main(["--quick", *one_thread])
