@@ -166,11 +166,6 @@ def test_a_two_rank_fit_reads_a_collective_at_most_four_times(counts, plan):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 27: the guard of skip_nonfinite / amp_fp16 decides on the host "
-    "(functrain/step/guards.py, precision.py: bool(finite) at every step)",
-)
 @pytest.mark.parametrize("variant", VARIANTS[1:])
 @pytest.mark.parametrize("plan", PLANS)
 def test_a_guarded_two_rank_fit_reads_a_collective_at_most_four_times(counts, plan, variant):

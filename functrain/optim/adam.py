@@ -103,14 +103,15 @@ def scale_by_adam(
             second = nu_max
         # One temporary list, as torch's own foreach Adam allocates: the denominator.
         denom = foreach_op("sqrt", second)
-        denom = foreach_op("div", denom, math.sqrt(1.0 - b2**step), inplace=own)
+        correction1, correction2 = _bias_corrections(b1, b2, step)
+        denom = foreach_op("div", denom, correction2, inplace=own)
         denom = foreach_op("add", denom, eps, inplace=own)
         out = (
             foreach_op("div", copy_into(g, mu), denom, inplace=True)
             if donate
             else foreach_op("div", mu, denom)
         )
-        out = foreach_op("div", out, 1.0 - b1**step, inplace=own)
+        out = foreach_op("div", out, correction1, inplace=own)
         mu_tree, nu_tree = tree_unflatten(spec, mu), tree_unflatten(spec, nu)
         if amsgrad:
             new_state = ScaleByAmsgradState(step, mu_tree, nu_tree, tree_unflatten(spec, nu_max))
@@ -119,6 +120,15 @@ def scale_by_adam(
         return tree_unflatten(spec, out), new_state
 
     return Transform(init, update, AdamSpec(b1, b2, eps, bool(amsgrad)))
+
+
+def _bias_corrections(b1: float, b2: float, step: Any) -> tuple[Any, Any]:
+    """`1 - b1**t` and `sqrt(1 - b2**t)`: Python floats, or for a count that a guard deciding
+    on the device keeps as a tensor, 0-d float64 tensors of the same values (no host read)."""
+    if isinstance(step, torch.Tensor):
+        t = step.to(torch.float64)
+        return 1.0 - b1**t, torch.sqrt(1.0 - b2**t)
+    return 1.0 - b1**step, math.sqrt(1.0 - b2**step)
 
 
 def adam(

@@ -30,6 +30,7 @@ from ._foreach import is_dtensor, placed_alike
 from .base import apply_updates
 from .fused import fused_update
 from .fused_cache import FusedCache
+from .keeping import keep_where, snapshot
 
 __all__ = ["may_fuse", "update_in_place"]
 
@@ -44,6 +45,7 @@ def update_in_place(
     *,
     norm: torch.Tensor | None = None,
     cache: FusedCache | None = None,
+    skip: torch.Tensor | None = None,
     **extra: Any,
 ) -> tuple[Any, Any]:
     """One optimizer update applied to `params`, in place: `(new params, new state)`.
@@ -56,6 +58,10 @@ def update_in_place(
         norm: `grads`' global norm when the caller has it already, so a fused global-norm clip
             does not take it a second time.
         cache: a `FusedCache` that keeps the fused grouping between calls on the same tensors.
+        skip: a 0-d bool tensor a guard decided on the device: where True, `params` and the
+            state keep their values (the fused kernels write nothing; the transforms' path runs
+            on and is undone from a copy) and the state's numbers become 0-d tensors holding
+            the old ones (`functrain.optim.keeping`). Nothing is read on the host.
         **extra: as for `update` (`time=` a Timestamp for schedules).
     Returns:
         `(params, state)`: the updated parameters (the same tensors where updated in place) and
@@ -64,12 +70,18 @@ def update_in_place(
         >>> params, state = update_in_place(sgd(0.1), grads, state, params)
     """
     if not torch.compiler.is_compiling() and may_fuse(transform, params, grads):
-        new_state = fused_update(transform, grads, state, params, norm=norm, cache=cache, **extra)
+        new_state = fused_update(
+            transform, grads, state, params, norm=norm, cache=cache, skip=skip, **extra
+        )
         if new_state is not None:
             return params, new_state
     extra.pop("donate", None)
+    saved = None if skip is None else snapshot((params, state))
     updates, new_state = transform.update(grads, state, params, donate=True, **extra)
-    return apply_updates(params, updates, donate=True), new_state
+    new_params = apply_updates(params, updates, donate=True)
+    if skip is None:
+        return new_params, new_state
+    return keep_where(skip, (params, state), (new_params, new_state), saved)
 
 
 def may_fuse(transform: Any, params: Any, grads: Any) -> bool:

@@ -43,7 +43,8 @@ import torch
 
 from .fused_cache import FusedCache
 from .fused_groups import columns_of, grads_laid_out_like_params, group_layout, selected
-from .kernels import run_recipe
+from .keeping import keep_where, snapshot
+from .kernels import kernels_honour_skip, run_recipe
 from .masking import MaskedState
 from .recipe import NotFusable, Recipe, moment_trees, recipe_of, resolve
 from .spec import AdamSpec, LionSpec, MaskedSpec
@@ -208,6 +209,7 @@ def fused_update(
     *,
     norm: torch.Tensor | None = None,
     cache: FusedCache | None = None,
+    skip: torch.Tensor | None = None,
     **extra: Any,
 ) -> Any:
     """Run `transform`'s update with fused kernels, in place; None when it has no fused form.
@@ -223,6 +225,10 @@ def fused_update(
         norm: the global norm of `grads`, when the caller has it already (the step's
             `grad_norm` metric): a global-norm clip then does not take it again.
         cache: a `FusedCache` that keeps the parameter grouping between calls (optional).
+        skip: a 0-d bool tensor decided on the device: where True, the parameters and the
+            state's tensors keep their values (the kernels' `found_inf`, else a copy taken
+            first) and the state's numbers their old values (as 0-d tensors, see
+            `functrain.optim.keeping`); no host read.
         **extra: as for `update` (`time=` a Timestamp for schedules).
     Returns:
         the new state (same structure as `update`'s), or None.
@@ -236,5 +242,12 @@ def fused_update(
     # The clip's norm is over what the transform sees (a masked optimizer: its names only).
     if norm is not None and len(names) != len(grads):
         norm = None
-    new_leaf_states = run_recipe(recipe, groups, [grads[k] for k in names], extra, norm)
-    return rebuild(new_leaf_states)
+    if skip is None:
+        return rebuild(run_recipe(recipe, groups, [grads[k] for k in names], extra, norm))
+    # What the kernels overwrite and would not leave alone on a skip: copied first.
+    written = [t for cols in groups.values() for i, col in enumerate(cols) if i != 1 for t in col]
+    saved = None if kernels_honour_skip(recipe) else snapshot(written)
+    new_leaf_states = run_recipe(recipe, groups, [grads[k] for k in names], extra, norm, skip)
+    if saved is not None:
+        keep_where(skip, written, written, saved)
+    return keep_where(skip, state, rebuild(new_leaf_states))

@@ -28,6 +28,7 @@ import torch
 from .. import _torch
 from .adam import ScaleByAdamState, ScaleByAmsgradState
 from .base import global_norm
+from .keeping import found_inf
 from .lion import ScaleByLionState
 from .scale import next_decay_state, next_lr_state
 from .sgd import TraceState
@@ -40,10 +41,14 @@ def run_recipe(
     grads: list[Any],
     extra: Mapping[str, Any],
     norm: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
 ) -> list:
     """Evaluate this step's hyperparameters, run the kernels, and advance every leaf's state.
 
-    `norm` is `grads`' global norm when the caller has it (else a clip takes it here).
+    `norm` is `grads`' global norm when the caller has it (else a clip takes it here). `skip`, a
+    0-d bool tensor, is handed to the Adam and SGD kernels as their `found_inf`: where it is
+    True they write nothing (`kernels_honour_skip` says when that is all that runs); the states
+    returned are advanced all the same (the caller selects them, `functrain.optim.keeping`).
     """
 
     multiplier, new_states = 1.0, {}
@@ -96,13 +101,19 @@ def run_recipe(
             scale, prescaled = None, True
         group_wd, group_decoupled = (wd, decoupled) if decayed else (0.0, 0.0)
         if core is not None and isinstance(core.spec, AdamSpec):
-            _adam(core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale, device)
+            _adam(
+                core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale, device,
+                None if skip is None else found_inf(skip, device),
+            )  # fmt: skip
         elif core is not None and isinstance(core.spec, LionSpec):
             # not twice: a float64 group's gradients were scaled above
             lion_clip = None if clip_factor is None or prescaled else clip_factor.to(device)
             _lion(core.spec, columns, lr, group_wd, group_decoupled, recipe.decay_kind, lion_clip)
         else:
-            _sgd(core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale)
+            _sgd(
+                core, columns, lr, group_wd, group_decoupled, recipe.decay_kind, scale,
+                None if skip is None else found_inf(skip, device),
+            )  # fmt: skip
     if core is not None:
         count = core.state.count + 1
         if isinstance(core.spec, AdamSpec):
@@ -130,7 +141,26 @@ def _prescale(params: list[torch.Tensor], factor: float) -> None:
         _torch.foreach("mul", inplace=True)(params, factor)
 
 
-def _adam(core, columns, lr, wd, decoupled, kind, grad_scale, device) -> None:
+def kernels_honour_skip(recipe: Any) -> bool:
+    """True when a skip handed to `run_recipe` leaves every tensor untouched by itself: torch's
+    Adam or SGD kernel alone writes them (no Lion passes, no decay pre-pass on the params)."""
+    core = recipe.core
+    if core is not None and isinstance(core.spec, LionSpec):
+        return False
+    if core is not None and isinstance(core.spec, AdamSpec):
+        return recipe.decay_kind != "decoupled"  # at lr 0 it is a pre-pass
+    return recipe.decay_kind not in ("coupled", "decoupled")
+
+
+def _step_tensor(count: Any, device: Any) -> torch.Tensor:
+    """Adam's bias-correction step `count + 1` as the kernels read it (float32, on `device`);
+    a count a device-decided skip left as a tensor stays on the device."""
+    if isinstance(count, torch.Tensor):
+        return (count + 1).to(device=device, dtype=torch.float32)
+    return torch.full((), float(count + 1), device=device)
+
+
+def _adam(core, columns, lr, wd, decoupled, kind, grad_scale, device, skip=None) -> None:
     spec = core.spec
     params, grads, mu, nu = columns[:4]
     nu_max = columns[4] if spec.amsgrad else []
@@ -141,7 +171,7 @@ def _adam(core, columns, lr, wd, decoupled, kind, grad_scale, device) -> None:
         else:
             _prescale(params, 1.0 - decoupled)
     kernel = _kernel("adam" if kind in ("", "l2") else "adamw")
-    step = torch.full((), float(core.state.count + 1), device=device)
+    step = _step_tensor(core.state.count, device)
     kernel(
         params,
         grads,
@@ -157,10 +187,11 @@ def _adam(core, columns, lr, wd, decoupled, kind, grad_scale, device) -> None:
         amsgrad=spec.amsgrad,
         maximize=False,
         grad_scale=grad_scale,
+        found_inf=skip,
     )
 
 
-def _sgd(core, columns, lr, wd, decoupled, kind, grad_scale) -> None:
+def _sgd(core, columns, lr, wd, decoupled, kind, grad_scale, skip=None) -> None:
     params, grads = columns[:2]
     buffers = columns[2] if core is not None else []
     if kind == "coupled":  # after the momentum, times the lr: a multiplicative decay
@@ -179,8 +210,10 @@ def _sgd(core, columns, lr, wd, decoupled, kind, grad_scale) -> None:
         dampening=spec.dampening,
         nesterov=spec.nesterov,
         maximize=False,
-        is_first_step=core is None or core.state.count == 0,
+        # A count a device-decided skip left as a tensor is read here (SGD with momentum only).
+        is_first_step=core is None or bool(core.state.count == 0),
         grad_scale=grad_scale,
+        found_inf=skip,
     )
 
 

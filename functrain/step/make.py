@@ -61,7 +61,7 @@ from . import precision as precision_lib
 from .batching import num_samples
 from .checks import check_config, check_surgery_applied
 from .grads import GradsPiece
-from .guards import skip_nonfinite
+from .guards import counts_on_device, keep_buffers, run_update, skip_nonfinite
 from .pieces import (
     Algorithm,
     Batch,
@@ -113,7 +113,6 @@ class Step:
                 )
         self.pieces = pieces
         self._guarded = pieces.guard is not no_guard
-        self._func_step: Step | None = None  # this step's form under torch.func transforms
 
     # -- building ----------------------------------------------------------------------------
 
@@ -132,6 +131,8 @@ class Step:
     def init_state(self, state: TrainState) -> TrainState:
         """`state` with an `algo_state` entry for every composed algorithm that keeps one (the
         fp16 loss scale included) and lacks it; the same object when nothing is missing."""
+        if self._own_algorithms:  # a guard deciding on the device counts on it (guards.py)
+            state = counts_on_device(state)
         algo_state = state.algo_state
         missing = [
             a
@@ -173,41 +174,11 @@ class Step:
                 f"a step takes (TrainState, batch); got {type(state).__name__} as the state "
                 "(build one with functrain.init(model, optimizer))"
             )
-        if _torch.functorch_transforms_active():
-            return self._transformed(state, batch)
         state = self.init_state(state)
         plan = self.plan_for(state)
         new_state, metrics = self._fold(plan, state, batch)
         self._plans.produced(new_state.opt_state, plan)
         metrics["lr"] = plan.read_lr(new_state.opt_state)
-        return new_state, metrics
-
-    def _transformed(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        """The step under a `torch.func` transform (`vmap` over stacked states, `grad`, ...).
-
-        Chosen automatically: gradients by `torch.func.grad` (no `requires_grad_` on a wrapped
-        tensor), no donation, the optimizer's functional update (one op per tensor, no foreach or
-        fused kernel), the gradient norm per tensor; the metrics' Python numbers become tensors,
-        which vmap can return. A guard's skip (a host-side decision) cannot run there.
-        """
-        if self._guarded:
-            raise NotImplementedError(
-                "this step has a guard (skip_nonfinite or precision='amp_fp16'), whose skip is "
-                "decided on the host: it cannot run under torch.func.vmap/grad; build the step "
-                "without skip_nonfinite, in fp32 or amp_bf16, to vmap it"
-            )
-        if self._func_step is None:  # a performance cache: the same step in its func form
-            self._func_step = self.with_options(grad_mode="func", donate=False)
-            self._func_step._func_step = self._func_step
-        step = self._func_step
-        state = step.init_state(state)
-        plan = step.plan_for(state)
-        new_state, metrics = step._fold(plan, state, batch)
-        metrics["lr"] = plan.read_lr(new_state.opt_state)
-        metrics = {
-            k: torch.tensor(v) if isinstance(v, (bool, int, float)) else v
-            for k, v in metrics.items()
-        }
         return new_state, metrics
 
     def plan_for(self, state: TrainState) -> StatePlan:
@@ -235,9 +206,7 @@ class Step:
         if self._guarded and self.config.donate and state.buffers:
             saved = [b.clone() for b in state.buffers.values()]
         result = self._run_grads(pieces, state, batch)
-        # Under torch.func transforms: per tensor (no batching rule for foreach kernels).
-        plain = plan.plain_grads and not _torch.functorch_transforms_active()
-        grad_norm = _grad_norm(result.grads, plain)
+        grad_norm = _grad_norm(result.grads, plan.plain_grads)
         grads = pieces.transform_grads(result.grads, state)
         # The mean over data-parallel ranks: the metric, and what a guard decides on, so that
         # every rank skips the same steps (a rank-local NaN loss would split them otherwise).
@@ -246,7 +215,8 @@ class Step:
             state if result.buffers is state.buffers else state.replace(buffers=result.buffers)
         )
         guarded, skipped = pieces.guard(result._replace(loss=loss), grad_norm, with_buffers)
-        if skipped:  # nothing is written: params, buffers and optimizer state stay as they were
+        device_skip = skipped if isinstance(skipped, torch.Tensor) else None  # see guards.py
+        if device_skip is None and skipped:  # nothing is written: all stays as it was
             if saved is not None:
                 _torch.foreach_copy_(list(state.buffers.values()), saved)
             new_state = guarded.replace(
@@ -254,15 +224,14 @@ class Step:
                 step=state.step + 1,
                 timestamp=state.timestamp.advance_batch(samples, tokens),
             )
-        else:
-            if pieces.update is self.update_piece:  # the default piece takes the norm in hand
-                norm = grad_norm if grads is result.grads else None
-                new_state = self.update_piece(grads, guarded, norm)
-            else:
-                new_state = pieces.update(grads, guarded)
+        else:  # on a device decision, the update runs and is kept or discarded there
+            norm = grad_norm if grads is result.grads else None  # the default piece takes it
+            new_state = run_update(pieces.update, self.update_piece, grads, guarded, norm,
+                                   device_skip, self.config.donate)  # fmt: skip
             new_state = new_state.replace(
-                step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens)
-            )
+                buffers=keep_buffers(device_skip, state.buffers, new_state.buffers, saved),
+                step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens),
+            )  # fmt: skip
         new_state = pieces.after_update(new_state)
         metrics = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()

@@ -6,8 +6,10 @@ does the same in float16 and scales the loss so small gradients survive, with th
 
 Loss scaling is an `Algorithm` (`loss_scaling()`) that `make_step(precision="amp_fp16")` composes
 first: its `grads` wrapper scales the loss going in and unscales the gradients coming out, and its
-`guard` halves the scale and skips the update on a step whose gradients overflowed (one host sync
-per step, as `torch.amp.GradScaler` does). The scale itself is updated with `torch.where`.
+`guard` halves the scale and skips the update on a step whose gradients overflowed. Both are
+decided on the device (`torch.where` for the scale, a 0-d bool tensor for the skip, see
+`functrain.step.guards`): unlike `torch.amp.GradScaler` with a non-fused optimizer, nothing is read
+back to the host.
 
 Example:
     >>> with autocast_context("amp_bf16", "cpu"):
@@ -24,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _torch
-from .guards import all_finite
+from .guards import all_finite, either
 from .pieces import Algorithm, StepPieces
 
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
@@ -148,8 +150,8 @@ def loss_scaling(
                 growth_interval=growth_interval,
             )
             state = state.replace(algo_state={**state.algo_state, LOSS_SCALE_KEY: scale})
-            # One host sync per step: an overflowed update must not run at all.
-            return state, skip or not bool(finite)
+            # Decided on the device: an overflowed update is discarded, never read on the host.
+            return state, either(skip, ~finite)
 
         return pieces._replace(grads=grads, guard=guard)
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from .. import _torch
 from ..optim import FusedCache, apply_updates
 from ..optim.buffers import BufferPool
 from ..optim.executor import update_in_place
+from ..optim.keeping import keep_where, snapshot
 from ..state import TrainState
 from ..tree import tree_flatten, tree_unflatten
 from .pieces import StepConfig
@@ -46,7 +46,11 @@ class UpdatePiece:
         self._buffer_pool: BufferPool | None = None
 
     def __call__(
-        self, grads: dict, state: TrainState, norm: torch.Tensor | None = None
+        self,
+        grads: dict,
+        state: TrainState,
+        norm: torch.Tensor | None = None,
+        skip: torch.Tensor | None = None,
     ) -> TrainState:
         """The optimizer update of `state` with `grads`.
 
@@ -55,17 +59,23 @@ class UpdatePiece:
             state: the state to update (consumed when donating).
             norm: `grads`' global norm when the step has it (its metric), so a fused global-norm
                 clip does not take it a second time.
+            skip: a guard's 0-d bool tensor: where True the update is discarded on the device
+                (`functrain.optim.executor.update_in_place`).
         Returns:
             the updated state.
         """
         trainable = {k: state.params[k] for k in grads}
-        # Traced: the functional path, which inductor fuses; under torch.func transforms (vmap
-        # over stacked states): the functional path, one op per tensor, nothing in place.
-        if torch.compiler.is_compiling() or _torch.functorch_transforms_active():
+        if torch.compiler.is_compiling():  # traced: the functional path, which inductor fuses
+            saved = None
+            if skip is not None and self.donate:
+                saved = snapshot((trainable, state.opt_state), pieces=False)
             updates, opt_state = self.optimizer.update(
                 grads, state.opt_state, trainable, time=state.timestamp, donate=self.donate
             )
             new_params = apply_updates(trainable, updates, donate=self.donate)
+            if skip is not None:  # selected out of place: the functional path stays functional
+                before, after = (trainable, state.opt_state), (new_params, opt_state)
+                new_params, opt_state = keep_where(skip, before, after, saved, inplace=False)
             return state.replace(params={**state.params, **new_params}, opt_state=opt_state)
         params, opt_state = trainable, state.opt_state
         if not self.donate:
@@ -78,6 +88,7 @@ class UpdatePiece:
             norm=norm,
             # A pure step's buffers are recycled only when nothing refers to them.
             cache=self._fused_cache if self.donate else None,
+            skip=skip,
             time=state.timestamp,
         )
         return state.replace(params={**state.params, **params}, opt_state=new_opt_state)
