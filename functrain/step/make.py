@@ -113,6 +113,7 @@ class Step:
                 )
         self.pieces = pieces
         self._guarded = pieces.guard is not no_guard
+        self._func_step: Step | None = None  # this step's form under torch.func transforms
 
     # -- building ----------------------------------------------------------------------------
 
@@ -174,11 +175,41 @@ class Step:
                 f"a step takes (TrainState, batch); got {type(state).__name__} as the state "
                 "(build one with functrain.init(model, optimizer))"
             )
+        if _torch.functorch_transforms_active():
+            return self._transformed(state, batch)
         state = self.init_state(state)
         plan = self.plan_for(state)
         new_state, metrics = self._fold(plan, state, batch)
         self._plans.produced(new_state.opt_state, plan)
         metrics["lr"] = plan.read_lr(new_state.opt_state)
+        return new_state, metrics
+
+    def _transformed(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        """The step under a `torch.func` transform (`vmap` over stacked states, `grad`, ...).
+
+        Chosen automatically: gradients by `torch.func.grad` (no `requires_grad_` on a wrapped
+        tensor), no donation, the optimizer's functional update (one op per tensor, no foreach or
+        fused kernel), the gradient norm per tensor; the metrics' Python numbers become tensors,
+        which vmap can return. A guard's skip (a host-side decision) cannot run there.
+        """
+        if self._guarded:
+            raise NotImplementedError(
+                "this step has a guard (skip_nonfinite or precision='amp_fp16'), whose skip is "
+                "decided on the host: it cannot run under torch.func.vmap/grad; build the step "
+                "without skip_nonfinite, in fp32 or amp_bf16, to vmap it"
+            )
+        if self._func_step is None:  # a performance cache: the same step in its func form
+            self._func_step = self.with_options(grad_mode="func", donate=False)
+            self._func_step._func_step = self._func_step
+        step = self._func_step
+        state = step.init_state(state)
+        plan = step.plan_for(state)
+        new_state, metrics = step._fold(plan, state, batch)
+        metrics["lr"] = plan.read_lr(new_state.opt_state)
+        metrics = {
+            k: torch.tensor(v) if isinstance(v, (bool, int, float)) else v
+            for k, v in metrics.items()
+        }
         return new_state, metrics
 
     def plan_for(self, state: TrainState) -> StatePlan:
@@ -206,7 +237,9 @@ class Step:
         if self._guarded and self.config.donate and state.buffers:
             saved = [b.clone() for b in state.buffers.values()]
         result = self._run_grads(pieces, state, batch)
-        grad_norm = _grad_norm(result.grads, plan.plain_grads)
+        # Under torch.func transforms: per tensor (no batching rule for foreach kernels).
+        plain = plan.plain_grads and not _torch.functorch_transforms_active()
+        grad_norm = _grad_norm(result.grads, plain)
         grads = pieces.transform_grads(result.grads, state)
         # The mean over data-parallel ranks: the metric, and what a guard decides on, so that
         # every rank skips the same steps (a rank-local NaN loss would split them otherwise).

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from ..optim import FusedCache, apply_updates
 from ..optim.buffers import BufferPool
 from ..optim.executor import update_in_place
@@ -65,7 +66,9 @@ class UpdatePiece:
             the updated state.
         """
         trainable = {k: state.params[k] for k in grads}
-        if torch.compiler.is_compiling():  # traced: the functional path, which inductor fuses
+        # Traced: the functional path, which inductor fuses; under torch.func transforms (vmap
+        # over stacked states): the functional path, one op per tensor, nothing in place.
+        if torch.compiler.is_compiling() or _torch.functorch_transforms_active():
             saved = None
             if skip is not None and self.donate:
                 saved = snapshot((trainable, state.opt_state), pieces=False)
