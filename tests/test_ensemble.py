@@ -185,3 +185,29 @@ def test_eight_digits_mlps_in_one_vmapped_make_step_equal_eight_separate_runs():
     for member, alone in zip(members, separate):
         assert member.step == alone.step == 5
         assert tree_allclose(member, alone, atol=1e-6, rtol=0)
+
+
+def test_the_ensembles_page_runs():
+    """docs/ensembles.md's example runs as written (its asserts included)."""
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ensembles.md"
+    (code,) = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    exec(compile(code, str(page), "exec"), {})
+
+
+def test_a_model_with_dropout_vmaps_with_randomness_different_and_repeats():
+    def model(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)
+        )
+
+    step = functrain.make_step(model(0), ce, optim.sgd(0.1))
+    stacked = functrain.stack_states([functrain.init(model(i), optim.sgd(0.1)) for i in (0, 1)])
+    batch = (torch.randn(5, 4), torch.randint(0, 3, (5,)))
+    vstep = torch.func.vmap(step, in_dims=(0, None), randomness="different")
+    first, m1 = vstep(stacked, batch)
+    again, m2 = vstep(stacked, batch)  # the draws are a function of the state (seed, step)
+    assert torch.equal(m1["loss"], m2["loss"]) and tree_allclose(first, again)
