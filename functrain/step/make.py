@@ -132,8 +132,7 @@ class Step:
     def init_state(self, state: TrainState) -> TrainState:
         """`state` with an `algo_state` entry for every composed algorithm that keeps one (the
         fp16 loss scale included) and lacks it; the same object when nothing is missing."""
-        if self._own_algorithms:  # a guard deciding on the device counts on it (guards.py)
-            state = counts_on_device(state)
+        state = counts_on_device(state) if self._own_algorithms else state  # see guards.py
         algo_state = state.algo_state
         missing = [
             a
