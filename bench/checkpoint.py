@@ -6,7 +6,9 @@ drifts hit all variants alike); the table shows median seconds and MB/s, against
 sequential write speed (one file, write + fsync) and read speed. Then the asynchronous save: the
 time `Manager.save` blocks the step, next to the device-to-host copy it must at least make. A
 small state (~0.8 MB in 112 leaves) is saved by functrain, torch.save and DCP, all with fsync:
-there the cost is the number of files. Last, issue 27's targets as ratios of this run's medians.
+there the cost is the number of files. Then a 2 -> 3 rank reshard on gloo against DCP
+(`bench/checkpoint_reshard.py`, its own processes). Last, issue 27's targets as ratios of this
+run's medians.
 
 Notes on fairness: functrain and raw writes make every file durable (functrain with one syncfs
 per save before its commit marker); torch.save and DCP do not, so they are also shown with an
@@ -37,7 +39,7 @@ if __package__ in (None, ""):  # run as `python bench/checkpoint.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import functrain  # noqa: E402
-from bench import checkpoint_tiers  # noqa: E402
+from bench import checkpoint_reshard, checkpoint_tiers  # noqa: E402
 from bench.common import RESULTS_DIR, environment, markdown_table, timestamp, write_json  # noqa: E402
 from functrain import checkpoint  # noqa: E402
 from functrain.tree import leaves_with_paths, tree_map  # noqa: E402
@@ -292,6 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--device", default="cpu", help="where the state lives (cpu, cuda)")
+    parser.add_argument(
+        "--reshard-reps", type=int, default=3, help="repetitions of the 2 -> 3 reshard (0: skip)"
+    )
     parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "checkpoint.json"))
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 
@@ -313,6 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tiers = checkpoint_tiers.measure(state, workdir, args.reps)  # issue 29's rows
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    reshard = None
+    if args.reshard_reps:
+        print("reshard: 2 -> 3 ranks (gloo) ...", flush=True)
+        reshard = checkpoint_reshard.measure(args.mb, args.reshard_reps, args.dir)
 
     median = {k: statistics.median(v) for k, v in {**io_times, **async_times}.items()}
     raw_write, raw_read = mb / median["raw_save"], mb / median["raw_load"]
@@ -354,6 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     print()
     print(markdown_table(["async save", "median s", "vs copy"], async_rows))
+    if reshard is not None:
+        reshard_rows = [
+            [f"2 -> 3 ranks: {name} load", seconds, reshard["mb"] / seconds]
+            for name, seconds in reshard["median_s"].items()
+        ]
+        print()
+        print(markdown_table(["reshard (slowest rank)", "median s", "MB/s"], reshard_rows))
     ratios = {  # issue 27's targets, as ratios of medians measured in this one run
         "load / raw read (<= 1.5)": median["functrain_load"] / median["raw_load"],
         "load / DCP load (<= 1.0)": median["functrain_load"] / median["dcp_load"],
@@ -363,7 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "async blocked / copy into buffers (<= 1.0)": median["async_blocked"]
         / median["copy_into_buffers"],
     }
-    limits = (1.5, 1.0, 1.1, 2.0, 1.0)
+    limits = [1.5, 1.0, 1.1, 2.0, 1.0]
+    if reshard is not None:
+        ratios["reshard 2->3 / DCP load (<= 1.5)"] = reshard["ratio_vs_dcp"]
+        limits.append(1.5)
     goals = {name: value <= limit for (name, value), limit in zip(ratios.items(), limits)}
     print()
     print(markdown_table(["ratio", "value", "met"], [[n, v, goals[n]] for n, v in ratios.items()]))
@@ -378,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "io": results,
         "async": {k: {"median_s": median[k], "times_s": v} for k, v in async_times.items()},
         "small_state": {"mb": small.mb, "leaves": len(small.flat), "reps": small_reps},
+        "reshard": reshard,
         "ratios": ratios,
         "goals": goals,
         "tiers": tiers,

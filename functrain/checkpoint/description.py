@@ -17,7 +17,7 @@ import dataclasses
 import os
 from typing import Any
 
-from . import layout, local_tree, orbax_layout, storage
+from . import array_store, layout, local_tree, orbax_layout, storage
 from .errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -40,6 +40,7 @@ class Description:
             for functrain checkpoints.
         files: the digests COMMIT.json keeps for the metadata files (None when it keeps none:
             orbax checkpoints, and functrain's before it recorded them).
+        consolidated: the arrays (and their zarr.json) are in one OCDBT database.
     """
 
     loc: storage.Location
@@ -47,6 +48,7 @@ class Description:
     commit: dict | None = None
     orbax: dict | None = None
     files: dict[str, str] | None = None
+    consolidated: bool = False
 
     def array_spec(self, record: layout.LeafRecord, metadata: dict) -> dict:
         """The tensorstore spec that opens a leaf's array for reading, with its validated
@@ -60,9 +62,7 @@ class Description:
         }
 
     def _array_kvstore(self, record: layout.LeafRecord) -> dict:
-        if self.orbax is not None and self.orbax["use_ocdbt"]:
-            return {"driver": "ocdbt", "base": self.loc.kvstore, "path": record.key + "/"}
-        return self.loc.child(record.key).kvstore
+        return array_store.array_kvstore(self.loc, record.key, self.consolidated)
 
     def metadata_file(self, record: layout.LeafRecord) -> str:
         """The name of a leaf's array metadata file (zarr3 `zarr.json`, zarr2 `.zarray`)."""
@@ -131,7 +131,8 @@ def describe(path: Any, storage_options: dict | None = None) -> Description:
         names = [n for n in files if "/" not in n and n != layout.TREE_FILE]
         for name, data in storage.read_many(loc, names).items():
             check_digest(loc, name, data, files)
-    return Description(loc, records, commit=commit, files=files)
+    consolidated = commit.get("arrays") == array_store.OCDBT
+    return Description(loc, records, commit=commit, files=files, consolidated=consolidated)
 
 
 def _parse_commit(commit: Any, url: str) -> dict:
@@ -162,6 +163,10 @@ def _parse_commit(commit: Any, url: str) -> dict:
         problem = "'files' is not a map of file names to digests"
     elif commit.get("timestamp") is not None and not isinstance(commit["timestamp"], dict):
         problem = "'timestamp' is not an object"
+    elif commit.get("arrays", array_store.OCDBT) != array_store.OCDBT:
+        problem = f"'arrays' is {layout.summary(commit['arrays'])}, not {array_store.OCDBT!r}"
+    elif "arrays" in commit and version < array_store.OCDBT_VERSION:
+        problem = f"'arrays' needs format version {array_store.OCDBT_VERSION}, not {version}"
     if problem:
         raise CheckpointCorruptError(
             f"{url}: {problem}; load an earlier checkpoint", reason="commit"
@@ -230,7 +235,7 @@ def _describe_uncommitted(loc: storage.Location) -> Description:
         records, flags = orbax_layout.parse_orbax_metadata(
             layout.parse_json(metadata, url, "orbax tree description"), url
         )
-        return Description(loc, records, orbax=flags)
+        return Description(loc, records, orbax=flags, consolidated=flags["use_ocdbt"])
     if has_tree or metadata is not None or _has_files(loc):
         raise CheckpointNotCommittedError(
             f"{loc.url} has no {layout.COMMIT_FILE}: its save did not finish (it was interrupted, "

@@ -25,7 +25,7 @@ import optree
 import tensorstore as ts
 import torch
 
-from . import layout, memory, storage, verify
+from . import array_store, layout, memory, storage, verify
 from .description import Description, check_digest, describe
 from .errors import (
     CheckpointCorruptError,
@@ -231,7 +231,7 @@ def _array_metadata(desc: Description, records: list[layout.LeafRecord]) -> dict
     """`{key: validated metadata}` of the arrays of `records`, read and checked by functrain
     (digest, codecs, shapes and bounds) before tensorstore is given any of it."""
     names = [desc.metadata_file(r) for r in records]
-    if desc.orbax is not None and desc.orbax["use_ocdbt"]:
+    if desc.consolidated:
         raw = _read_ocdbt(desc, names)
     else:
         raw = storage.read_many(desc.loc, names, max_bytes=MAX_ARRAY_METADATA_BYTES)
@@ -259,19 +259,9 @@ def _array_metadata(desc: Description, records: list[layout.LeafRecord]) -> dict
 
 
 def _read_ocdbt(desc: Description, names: list[str]) -> dict[str, bytes | None]:
-    """Read array metadata from an orbax OCDBT database (tensorstore parses its index)."""
-    spec = {"driver": "ocdbt", "base": desc.loc.kvstore}
+    """Read array metadata from an OCDBT database (tensorstore parses its index)."""
     try:
-        store = ts.KvStore.open(spec, context=storage.CONTEXT).result()
-        results = [(n, store.read(n)) for n in names]
-        out = {}
-        for name, future in results:
-            result = future.result()
-            value = bytes(result.value) if result.state == "value" else None
-            if value is not None and len(value) > MAX_ARRAY_METADATA_BYTES:
-                value = b""  # refused by the JSON parser as truncated
-            out[name] = value
-        return out
+        return array_store.read_files(desc.loc, names, MAX_ARRAY_METADATA_BYTES)
     except Exception as err:
         raise _read_error(desc.loc.url, err, "the OCDBT database") from None
 

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 import tensorstore as ts
-import torch
 
-from . import durable, layout, orbax_layout, storage, verify
+from . import array_store, durable, layout, orbax_layout, storage, verify
+from .agreement import agree, max_over_ranks, phase, share_text
 from .errors import CheckpointError
-from .staging import Staged, StagedLeaf, dist_info, stage
+from .staging import Staged, StagedLeaf, stage
 
 __all__ = [
     "agree",
@@ -48,15 +48,18 @@ __all__ = [
 ]
 
 
-def array_spec(loc: storage.Location, record: layout.LeafRecord) -> dict:
-    """The tensorstore spec of a leaf's zarr3 array inside checkpoint directory `loc`.
+def array_spec(
+    loc: storage.Location, record: layout.LeafRecord, consolidated: bool = False
+) -> dict:
+    """The tensorstore spec of a leaf's zarr3 array inside checkpoint directory `loc` (in its
+    OCDBT database when `consolidated`, see `array_store`).
 
     The metadata is functrain's own (`verify.array_metadata`); rank 0 writes it as zarr.json
     and every writer opens the array assuming it, so tensorstore never reads it back.
     """
     return {
         "driver": "zarr3",
-        "kvstore": loc.child(record.key).kvstore,
+        "kvstore": array_store.array_kvstore(loc, record.key, consolidated),
         "metadata": verify.array_metadata(record),
         # Write chunks even when they equal the fill value, so that a missing chunk file always
         # means damage (loads use fill_missing_data_reads=False and fail on it).
@@ -89,63 +92,6 @@ def _scalar_array(value: Any) -> np.ndarray | None:
             return np.asarray(value, dtype=np.int64)
         return np.asarray(value, dtype=np.uint64) if 0 <= value < 2**64 else None
     return None
-
-
-def agree(ok: bool, group=None) -> bool:
-    """True when every rank of `group` reports `ok` (a barrier that also carries failures)."""
-    rank, world = dist_info(group)
-    if world == 1:
-        return ok
-    backend = torch.distributed.get_backend(group)
-    device = "cuda" if backend == "nccl" else "cpu"
-    flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
-    torch.distributed.all_reduce(flag, group=group)
-    return int(flag.item()) == 0
-
-
-def _device(group) -> str:
-    return "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
-
-
-def max_over_ranks(value: int, group=None) -> int:
-    """The largest of every rank's `value` (a barrier too)."""
-    _, world = dist_info(group)
-    if world == 1:
-        return value
-    flag = torch.tensor([value], dtype=torch.int64, device=_device(group))
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
-    return int(flag.item())
-
-
-def share_text(text: str | None, group=None) -> str | None:
-    """Rank 0's `text` (or None) on every rank of `group` (bytes, not pickle)."""
-    rank, world = dist_info(group)
-    if world == 1:
-        return text
-    device = _device(group)
-    data = b"" if text is None or rank != 0 else text.encode()
-    size = torch.tensor([len(data) + 1 if rank == 0 and text is not None else 0], device=device)
-    torch.distributed.all_reduce(size, group=group)
-    if int(size.item()) == 0:
-        return None
-    buffer = torch.zeros(int(size.item()) - 1, dtype=torch.uint8, device=device)
-    if rank == 0 and data:
-        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    torch.distributed.all_reduce(buffer, group=group)
-    return bytes(buffer.cpu().tolist()).decode()
-
-
-def _phase(fn: Callable[[], None], group, what: str, url: str) -> None:
-    """Run `fn` on this rank, then make every rank fail if any rank failed."""
-    error = None
-    try:
-        fn()
-    except BaseException as err:  # re-raised below, once the other ranks know
-        error = err
-    if not agree(error is None, group):
-        if error is not None:
-            raise error
-        raise CheckpointError(f"another rank failed while {what} {url}; see that rank's error")
 
 
 def committed(loc: storage.Location) -> bool:
@@ -203,26 +149,38 @@ def write(
         storage.delete_dir(work)
         storage.make_dir(work)
 
-    _phase(prepare, group, "preparing", loc.url)
+    phase(prepare, group, "preparing", loc.url)
     scalar_arrays: set[str] = set()
     files: dict[str, str] = {}  # digests of the metadata files, for COMMIT.json
-    _phase(lambda: _write_arrays(staged, work, scalar_arrays, files), group, "writing", loc.url)
+    consolidated = array_store.consolidates(staged.world_size, staged.nbytes, work)
+    phase(
+        lambda: _write_arrays(staged, work, scalar_arrays, files, consolidated),
+        group,
+        "writing",
+        loc.url,
+    )
 
     def commit():
         if rank == 0:
-            _commit(staged, work, scalar_arrays, started, files, owner, before_commit, metrics)
+            done = (started, consolidated)
+            _commit(staged, work, scalar_arrays, done, files, owner, before_commit, metrics)
             if loc.is_local:
                 _move_into_place(work, loc)
 
-    _phase(commit, group, "committing", loc.url)
+    phase(commit, group, "committing", loc.url)
     return loc.url
 
 
 def _write_arrays(
-    staged: Staged, work: storage.Location, scalar_arrays: set[str], files: dict[str, str]
+    staged: Staged,
+    work: storage.Location,
+    scalar_arrays: set[str],
+    files: dict[str, str],
+    consolidated: bool,
 ) -> None:
     """Write this rank's shards; rank 0 also writes every zarr.json (digests into `files`).
-    Every file is durable on return (one flush for all of them, not one per file)."""
+    Every file of the other ranks is durable on return (one flush for all of them, not one per
+    file); rank 0's are made durable with its root files, by the one flush before the commit."""
     unsynced = _unsynced(work)
     arrays = []  # (record, data item) of every array this rank opens
     for item in staged.leaves:
@@ -245,17 +203,21 @@ def _write_arrays(
             arrays.append((scalar, StagedLeaf(scalar, (), value)))
             scalar_arrays.add(record.key)
     if staged.rank == 0:
-        metadata = {
-            layout.array_metadata_file(r.key): verify.encode(verify.array_metadata(r))
-            for r, _ in arrays
-        }
-        _result_of(lambda: storage.write_many(unsynced, metadata), work.url, "writing metadata of")
+        encoded: dict[tuple, bytes] = {}  # leaves of one shape share their zarr.json bytes
+        metadata = {}
+        for r, _ in arrays:
+            like = (r.dtype, r.shape, r.chunks)
+            if like not in encoded:
+                encoded[like] = verify.encode(verify.array_metadata(r))
+            metadata[layout.array_metadata_file(r.key)] = encoded[like]
+        write_metadata = array_store.write_files if consolidated else storage.write_many
+        _result_of(lambda: write_metadata(unsynced, metadata), work.url, "writing metadata of")
         files.update({name: layout.digest(data) for name, data in metadata.items()})
     pending = []  # (url, future, item) so an error names the array it hit
     for record, item in arrays:
         if item.data is None:
             continue
-        spec = array_spec(unsynced, record)
+        spec = array_spec(unsynced, record, consolidated)
         future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
         pending.append((work.file_url(record.key), future, item))
     writes = []
@@ -267,7 +229,8 @@ def _write_arrays(
         writes.append((url, write))
     for url, future in writes:
         _result(future, url, "writing")
-    _make_durable(work)
+    if staged.rank != 0:
+        _make_durable(work)
 
 
 def _result_of(fn: Callable[[], None], url: str, what: str) -> None:
@@ -292,16 +255,18 @@ def _commit(
     staged: Staged,
     work: storage.Location,
     scalar_arrays: set[str],
-    started: float,
+    done: tuple[float, bool],
     files: dict[str, str],
     owner: dict | None,
     before_commit: Callable[[], None] | None,
     metrics: dict[str, float] | None = None,
 ) -> None:
+    started, consolidated = done  # when the save began; whether its arrays are in OCDBT
     records = [item.record for item in staged.leaves]
     tree_bytes = layout.dump_json(layout.tree_description(records, staged.treedef, staged.step))
     metadata = {layout.TREE_FILE: tree_bytes}
     orbax = orbax_layout.orbax_metadata(records, scalar_arrays, staged.empty_nodes)
+    orbax["use_ocdbt"] = consolidated
     metadata[layout.ORBAX_METADATA] = layout.dump_json(orbax)
     strings = {r.key: r.value for r in records if r.kind == "str"}
     if strings:
@@ -318,13 +283,11 @@ def _commit(
     }
     metadata[layout.ORBAX_CHECKPOINT_METADATA] = layout.dump_json(orbax_step)
     metadata[layout.ORBAX_COMMIT] = f"Checkpoint commit was successful to {work.url}".encode()
-    unsynced = _unsynced(work)
-    for name, data in metadata.items():
-        storage.write_bytes(unsynced, name, data)
-    _make_durable(work)  # every file of the checkpoint is durable before the marker is written
+    if not work.is_local:
+        storage.write_many(work, metadata)
     commit = {
         "format": layout.FORMAT,
-        "version": layout.VERSION,
+        "version": array_store.OCDBT_VERSION if consolidated else 1,
         "step": staged.step,
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "world_size": staged.world_size,
@@ -334,13 +297,21 @@ def _commit(
         "files": {**files, **{n: layout.digest(d) for n, d in metadata.items()}},
         "writer": owner if owner is not None else _this_process(),
     }
+    if consolidated:
+        commit["arrays"] = array_store.OCDBT
     if metrics:
         commit["metrics"] = dict(metrics)
     if before_commit is not None:
         before_commit()
-    storage.write_bytes(work, layout.COMMIT_FILE, layout.dump_json(commit))  # last: the commit
-    if work.is_local and work.fsync:
-        storage.fsync_dir(work.local_path)
+    marker = layout.dump_json(commit)
+    if not work.is_local:
+        storage.write_bytes(work, layout.COMMIT_FILE, marker)  # last: the marker commits
+        return
+    # A local checkpoint is committed by its rename into place (`_move_into_place`), so the marker
+    # is written with the other files and one flush makes every file and directory entry below
+    # `work` -- this rank's arrays, the marker -- durable before that rename.
+    storage.write_many(_unsynced(work), {**metadata, layout.COMMIT_FILE: marker})
+    _make_durable(work)
 
 
 def _this_process() -> dict:

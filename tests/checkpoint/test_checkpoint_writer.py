@@ -17,16 +17,20 @@ from functrain.checkpoint.errors import CheckpointError
 
 
 def test_layout_follows_orbax_and_commit_is_written_last(tmp_path, monkeypatch):
-    written = []
-    original = storage.write_bytes
+    written = []  # the names of each write, in order
+    one, many = storage.write_bytes, storage.write_many
     monkeypatch.setattr(
-        storage,
-        "write_bytes",
-        lambda loc, name, data: (written.append(name), original(loc, name, data)),
+        storage, "write_bytes", lambda loc, n, data: (written.append({n}), one(loc, n, data))
+    )
+    monkeypatch.setattr(
+        storage, "write_many", lambda loc, files: (written.append(set(files)), many(loc, files))
     )
     state = make_state()
     checkpoint.save(tmp_path / "c", state)
-    assert written[-1] == layout.COMMIT_FILE and layout.TREE_FILE in written
+    # The marker is in the last write (locally written with the root files, before the one
+    # flush and the rename that commit it), and nothing names it before.
+    assert layout.COMMIT_FILE in written[-1] and layout.TREE_FILE in set().union(*written)
+    assert all(layout.COMMIT_FILE not in names for names in written[:-1])
     names = set(os.listdir(tmp_path / "c"))
     assert {
         "_METADATA",
@@ -185,9 +189,11 @@ def test_orbax_step_metadata_records_start_and_commit_times(tmp_path, monkeypatc
     assert meta["commit_timestamp_nsecs"] == 1_234_600_000_000
 
 
-def test_every_file_is_made_durable_by_one_flush_before_the_commit_marker(tmp_path, monkeypatch):
-    events = []  # ("sync", files present) and ("write", name), in order
-    original_sync, original_write = durable.sync_tree, storage.write_bytes
+def test_every_file_is_made_durable_by_one_flush_before_the_commit(tmp_path, monkeypatch):
+    # A local checkpoint is committed by the rename of `<name>.tmp` into place: every file,
+    # the marker included, must be durable before it, by one flush rather than one per file.
+    events = []  # ("sync", files present), ("rename", destination), in order
+    original_sync, original_rename = durable.sync_tree, storage.rename_dir
 
     def sync(path):
         original_sync(path)
@@ -196,28 +202,27 @@ def test_every_file_is_made_durable_by_one_flush_before_the_commit_marker(tmp_pa
         }
         events.append(("sync", files))
 
+    def rename(src, dst):
+        events.append(("rename", dst.local_path))
+        original_rename(src, dst)
+
     monkeypatch.setattr(durable, "sync_tree", sync)
-    monkeypatch.setattr(
-        storage,
-        "write_bytes",
-        lambda loc, n, d: (events.append(("write", n)), original_write(loc, n, d)),
-    )
+    monkeypatch.setattr(storage, "rename_dir", rename)
     fsyncs = []
     original_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), original_fsync(fd)))
     checkpoint.save(tmp_path / "c", make_state())
-    commit_at = events.index(("write", layout.COMMIT_FILE))
-    syncs = [files for kind, files in events[:commit_at] if kind == "sync"]
-    assert syncs and all(kind != "sync" for kind, _ in events[commit_at:])
+    assert events[-1] == ("rename", str(tmp_path / "c"))
+    syncs = [files for kind, files in events if kind == "sync"]
     on_disk = {
         os.path.relpath(os.path.join(d, f), tmp_path / "c")
         for d, _, fs in os.walk(tmp_path / "c")
         for f in fs
     }
-    # Every file but the marker was on disk (and flushed) before the marker was written.
-    assert on_disk - {layout.COMMIT_FILE} <= syncs[-1]
+    # Every file, the marker included, was on disk (and flushed) before the rename.
+    assert layout.COMMIT_FILE in on_disk and on_disk <= syncs[-1]
     assert len(on_disk) > 40  # many files ...
-    assert len(syncs) <= 2 and len(fsyncs) <= 4  # ... few flushes: marker, directories
+    assert len(syncs) == 1 and len(fsyncs) <= 2  # ... one flush, and the rename's directory
 
 
 def test_sync_tree_without_syncfs_fsyncs_every_file_and_directory(tmp_path, monkeypatch):

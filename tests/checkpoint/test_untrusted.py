@@ -30,7 +30,7 @@ from untrusted_worker import Counter, small_state
 
 import functrain
 from functrain import checkpoint
-from functrain.checkpoint import layout, lease_owner
+from functrain.checkpoint import array_store, layout, lease_owner
 from functrain.data import Loader
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and FIFOs: Linux")
@@ -66,14 +66,16 @@ def _fit_root(root: str) -> None:
 def pristine(tmp_path_factory):
     base = str(tmp_path_factory.mktemp("pristine"))
     root = os.path.join(base, "root")
-    manager = checkpoint.Manager(root, every=None, async_save=False)
-    manager.save(small_state(0))  # step 7: what auto-resume falls back to
-    manager.save(small_state(1))  # step 8: attacked
-    manager.close()
+    with pytest.MonkeyPatch.context() as patch:  # a directory per leaf: the files attacked
+        patch.setattr(array_store, "CONSOLIDATE_BELOW", 0)
+        manager = checkpoint.Manager(root, every=None, async_save=False)
+        manager.save(small_state(0))  # step 7: what auto-resume falls back to
+        manager.save(small_state(1))  # step 8: attacked
+        manager.close()
+        _fit_root(os.path.join(base, "fit"))
     for name, ocdbt, zarr3 in (("orbax3", False, True), ("orbax2", False, False)):
         atk.write_orbax(os.path.join(base, name), use_ocdbt=ocdbt, use_zarr3=zarr3)
     atk.write_orbax(os.path.join(base, "ocdbt"), use_ocdbt=True, use_zarr3=False)
-    _fit_root(os.path.join(base, "fit"))
     return base
 
 
