@@ -342,7 +342,7 @@ def make_step(
         skip_nonfinite: skip the update of a step whose loss or gradient norm is not finite:
             params, buffers and optimizer state (its counters too) stay exactly as they were,
             donated or not; `state.step` and the timestamp advance (the batch was consumed);
-            `metrics["skipped"]` tells. Costs one host sync per step.
+            `metrics["skipped"]` tells (a 0-d bool tensor: decided on the device, no sync).
         donate: reuse the input state's memory (update in place); the input state is consumed.
         grad_mode: "autograd" (`torch.autograd.grad`, DTensor-safe) or "func"
             (`torch.func.grad`).
