@@ -4,8 +4,10 @@ Two measurements, part of `python -m bench checkpoint` (or alone: `python bench/
 
 1. The time `Manager(local=LocalTier(...))` spends on one local snapshot of the bench's state:
    the rank's own copy alone, and with the replica to a peer's folder (here a second folder on
-   the same machine: on a cluster it is another node's storage). Written to `/dev/shm` when it
-   is there (a node's usual local tier), else to the bench's work folder.
+   the same machine: on a cluster it is another node's storage); synchronous (`async_save=False`)
+   and asynchronous (the default: the time the step is blocked, and until both copies are
+   committed). Written to `/dev/shm` when it is there (a node's usual local tier), else to the
+   bench's work folder.
 2. A real `fit` (a small MLP) that is preempted -- a hard stop, no final checkpoint, as a
    SIGKILL -- every `M` executed steps and restarted with `autoresume=True`, until it completes
    its steps: once with root saves every `K` steps only, once with a local tier every `k` steps
@@ -41,6 +43,12 @@ from functrain.checkpoint.tiers import LocalTier, Tiers  # noqa: E402
 from functrain.data import Loader  # noqa: E402
 
 DEFAULTS = dict(steps=400, root_every=50, local_every=5, preempt_every=77)
+SAVE_ROWS = {
+    "sync_own": "synchronous, own snapshot",
+    "sync_own_and_replica": "synchronous, own + peer replica",
+    "async_own": "asynchronous, own snapshot",
+    "async_own_and_replica": "asynchronous, own + peer replica",
+}
 
 
 def local_folder(workdir: str) -> str:
@@ -50,24 +58,32 @@ def local_folder(workdir: str) -> str:
 
 
 def measure_local_save(state, workdir: str, reps: int) -> dict:
-    """Seconds per local snapshot of `state`, own copy only and with the peer's replica."""
+    """Seconds per local snapshot of `state`: own copy only / with the peer's replica, written
+    synchronously / asynchronously (then the step's blocked time and the time to the commit)."""
     folder = local_folder(workdir)
-    out: dict = {"folder": folder, "own": [], "own_and_replica": []}
+    out: dict = {"folder": folder}
+    users = {}
+    for name in SAVE_ROWS:
+        sub = os.path.join(folder, name)
+        peer = os.path.join(sub, "peer") if "replica" in name else None
+        tier = LocalTier(os.path.join(sub, "own"), every=1, peer=peer, keep_last=1,
+                         async_save=name.startswith("async"))  # fmt: skip
+        users[name] = Tiers(tier, rank=0, owner="bench")
+        users[name].open()
+        out[name], out[name + "_committed"] = [], []
     try:
-        tiers = {
-            "own": LocalTier(os.path.join(folder, "a"), every=1, keep_last=1),
-            "own_and_replica": LocalTier(
-                os.path.join(folder, "b"), every=1, peer=os.path.join(folder, "c"), keep_last=1
-            ),
-        }
-        users = {name: Tiers(tier, rank=0, owner="bench") for name, tier in tiers.items()}
-        for rep in range(reps + 1):  # the first save of each makes its folders
+        for rep in range(reps + 1):  # the first save of each makes its folders and buffers
             for name, tier in users.items():
                 start = time.perf_counter()
                 tier.save(state, step=rep + 1, batch=rep + 1)
+                blocked = time.perf_counter() - start
+                tier.wait()
                 if rep:
-                    out[name].append(time.perf_counter() - start)
+                    out[name].append(blocked)
+                    out[name + "_committed"].append(time.perf_counter() - start)
     finally:
+        for tier in users.values():
+            tier.close()
         shutil.rmtree(folder, ignore_errors=True)
     return out
 
@@ -106,7 +122,7 @@ def simulate(workdir: str, *, local_every: int | None, steps: int, root_every: i
     tier = None
     if local_every is not None:
         tier = LocalTier(os.path.join(local, "node0"), every=local_every,
-                         peer=os.path.join(local, "node1"))  # fmt: skip
+                         peer=os.path.join(local, "node1"), async_save=False)  # fmt: skip
     lost, executed, reached = [], 0, None
     start = time.perf_counter()
     try:
@@ -170,9 +186,10 @@ def tables(report: dict, mb: float) -> str:
     """The two tables of `measure`'s report, in markdown."""
     saves = report["local_save_s"]
     rows = []
-    for name, label in (("own", "own snapshot"), ("own_and_replica", "own + peer replica")):
-        seconds = statistics.median(saves[name])
-        rows.append([f"local tier save: {label}", seconds, mb / seconds])
+    for name, label in SAVE_ROWS.items():
+        blocked = statistics.median(saves[name])
+        committed = statistics.median(saves[name + "_committed"])
+        rows.append([f"local tier save: {label}", blocked, committed, mb / committed])
     s = report["settings"]
     lost_rows = []
     for name, label in (
@@ -184,8 +201,8 @@ def tables(report: dict, mb: float) -> str:
         lost_rows.append([label, r["preemptions"], r["mean_lost"], r["executed"], overhead])
     where = "/dev/shm" if saves["folder"].startswith("/dev/shm") else saves["folder"]
     return "\n\n".join([
-        f"local tier ({where}, synchronous save of the {mb:.0f} MB state):\n"
-        + markdown_table(["save", "median s", "MB/s"], rows),
+        f"local tier ({where}, the {mb:.0f} MB state):\n"
+        + markdown_table(["save", "step blocked s", "until committed s", "MB/s"], rows),
         f"{s['steps']} steps, preempted every {s['preempt_every']} executed steps:\n"
         + markdown_table(
             ["checkpoints", "preemptions", "steps lost per preemption", "steps run",

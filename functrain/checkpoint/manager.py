@@ -220,10 +220,8 @@ class Manager:
         timestamp: Any = getattr(state, "timestamp", None)
         batch = timestamp.batch if isinstance(timestamp, Timestamp) else step
         if self._tiers is not None and self._tiers.due(batch):
-            url = self._tiers.save(state, step, batch)  # synchronous: local storage is fast
-            if scheduled and not self.schedule.due(
-                timestamp, self._last_index
-            ):  # (fit's Timestamp)
+            url = self._tiers.save(state, step, batch)  # asynchronous unless the tier says not
+            if scheduled and not self.schedule.due(timestamp, self._last_index):
                 return url
         loc = self.root.child(layout.step_dir_name(step))
         self._mark(timestamp)
@@ -256,12 +254,14 @@ class Manager:
             fn(step, loc.url)
 
     def wait(self) -> None:
-        """Block until the asynchronous save in flight (if any) is committed.
+        """Block until the asynchronous saves in flight (the root's, the local tier's) commit.
 
         Raises:
             CheckpointError: when that save failed (the error of the background thread).
         """
         self._background.wait()
+        if self._tiers is not None:
+            self._tiers.wait()
 
     # -- finding and restoring ------------------------------------------------------------------
 
@@ -351,6 +351,8 @@ class Manager:
         finally:
             self._root.release_lease()
             self._background.close()  # no thread or group outlives the run that used them
+            if self._tiers is not None:
+                self._tiers.release()
 
     def close(self, keep_local: bool = False) -> None:
         """Wait for the save in flight, apply retention, release the lease, the thread and the

@@ -10,6 +10,11 @@ folder of a rank on another node, so that losing one node loses no rank's snapsh
 A snapshot is rank-local: it restores only into the same ranks and mesh (a restart of the same
 job), which is what a fast tier is for; the persistent root restores under any mesh.
 
+Saves are asynchronous by default: the step waits only for the copy of this rank's state into
+host buffers (reused save after save), and a worker thread writes both copies and applies
+retention; the next save, a restore or `close` waits for it. A snapshot still being written when
+the process dies is not committed, and a restart takes the one before it.
+
 Restoring, every rank lists the steps it can load (own snapshot, else its replica) and all ranks
 take the minimum of the newest each has, so that they resume from one step; a step that fails
 to load on any rank is dropped for all and the next older one is tried. Nothing newer than the
@@ -32,6 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from ..tree import tree_map
 from . import layout, reader, retention, storage, writer
+from .background import BackgroundWriter
 from .staging import dist_info
 
 logger = logging.getLogger("functrain.checkpoint")
@@ -48,6 +54,8 @@ class LocalTier:
         peer: the local folder of the rank on the next node, where this rank's replica goes
             (None: no replica; losing the node then loses its ranks' snapshots).
         keep_last: how many snapshots each rank keeps in each folder.
+        async_save: write in a background thread (the step waits only for the copy to host
+            memory); False: `save` returns once both copies are committed.
     Example:
         >>> LocalTier("/dev/shm/run", every=50, peer="/mnt/node2/run", keep_last=2)
     """
@@ -56,11 +64,16 @@ class LocalTier:
     every: int
     peer: str | os.PathLike | None = None
     keep_last: int = 2
+    async_save: bool = True
 
     def __post_init__(self) -> None:
         for name, value in (("every", self.every), ("keep_last", self.keep_last)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"LocalTier({name}=...) must be a positive int, got {value!r}")
+        if not isinstance(self.async_save, bool):
+            raise TypeError(
+                f"LocalTier(async_save=...) must be True or False, got {self.async_save!r}"
+            )
         if os.fspath(self.path) == os.fspath(self.peer or ""):
             raise ValueError(
                 f"LocalTier(peer=...) is the tier's own folder {self.path!r}: a replica must be "
@@ -118,12 +131,14 @@ class Tiers:
         >>> tiers.open()
         >>> if tiers.due(state.timestamp.batch):
         ...     tiers.save(state, state.step, state.timestamp.batch)
+        >>> tiers.close()
     """
 
     def __init__(self, tier: LocalTier, rank: int, group=None, owner: str = ""):
         self.tier, self.rank, self.group, self.owner = tier, rank, group, owner
         self.solo = None  # a group of this rank alone: writes without collectives
         self.last: int | None = None  # the batch of the last snapshot written or restored
+        self.background: BackgroundWriter | None = None  # made by `open`
 
     @classmethod
     def of(cls, local: Any, rank: int, group, owner: str) -> Tiers | None:
@@ -139,44 +154,76 @@ class Tiers:
         return cls(local, rank, group, owner)
 
     def open(self) -> None:
-        """Make the one-rank group local writes use (collective, once)."""
+        """Make the one-rank group local writes use (collective, once) and the writing thread."""
         _, world = dist_info(self.group)
         if world > 1 and self.solo is None:
             self.solo, _ = torch.distributed.new_subgroups(group_size=1, backend="gloo")
+        if self.background is None:
+            self.background = BackgroundWriter(self.tier.async_save, self.solo)
+        self.background.group = self.solo  # (a group `close` destroyed is never used again)
+        self.background.open()
+
+    def wait(self) -> None:
+        """Block until the snapshot being written (if any) is committed.
+
+        Raises:
+            CheckpointError: that write failed.
+        """
+        if self.background is not None:
+            self.background.wait()
+
+    def release(self) -> None:
+        """Wait for the snapshot in flight and stop the writing thread (`open` starts it again)."""
+        if self.background is not None:
+            try:
+                self.background.wait()
+            finally:
+                self.background.close()
 
     def close(self) -> None:
-        """Give the one-rank group back."""
-        if self.solo is not None:
-            torch.distributed.destroy_process_group(self.solo)
-            self.solo = None
+        """Wait for the snapshot in flight, stop the thread and give the one-rank group back."""
+        try:
+            self.release()
+        finally:
+            if self.solo is not None:
+                torch.distributed.destroy_process_group(self.solo)
+                self.solo = None
 
     def due(self, batch: int) -> bool:
         """True when a snapshot is due after `batch`."""
         return self.tier.due(batch, self.last)
 
     def save(self, state: Any, step: int, batch: int) -> str:
-        """Write this rank's snapshot of `state` (and its replica), then apply retention.
+        """Write this rank's snapshot of `state` (and its replica), then apply retention; in
+        the background when the tier is asynchronous (call `open` first).
 
         Returns:
-            the URL of this rank's own snapshot.
+            the URL of this rank's own snapshot (committed once `wait` returns).
         """
-        view = local_view(state)
-        urls = []
-        for folder in self.tier.folders(self.rank):
+        if self.background is None:
+            raise RuntimeError("Tiers.save before Tiers.open: open the tier first")
+        self.background.wait()  # one snapshot in flight: the host buffers are reused
+        staged = self.background.stage(local_view(state))
+        folders = self.tier.folders(self.rank)
+        url = folders[0].child(layout.step_dir_name(step)).url
+        self.background.submit(lambda: self._write(staged, folders, step), url, step)
+        self.last = batch
+        return url
+
+    def _write(self, staged: Any, folders: list[storage.Location], step: int) -> None:
+        for folder in folders:
             storage.make_dir(folder)
             if storage.read_bytes(folder, _OWNER) != self.owner.encode():
                 storage.write_bytes(folder, _OWNER, self.owner.encode())
             retention.collect_garbage(folder)
             loc = folder.child(layout.step_dir_name(step))
-            urls.append(writer.save(loc, view, overwrite=True, group=self.solo))
+            writer.write(staged, loc, overwrite=True, group=self.solo)
             keep = retention.retained_steps(
                 [s for s, _ in _committed(folder)], keep_last=self.tier.keep_last
             )
             for old, old_loc in _committed(folder):
                 if old not in keep:
                     retention.delete_checkpoint(old_loc)
-        self.last = batch
-        return urls[0]
 
     def restore(
         self, like: Any, options: dict, newer_than: int
@@ -187,6 +234,7 @@ class Tiers:
         Returns:
             `(state, step, location)` or None when no such step is left.
         """
+        self.wait()
         found: dict[int, list[storage.Location]] = {}
         for folder in self.tier.folders(self.rank):
             try:
@@ -228,6 +276,7 @@ class Tiers:
     def remove(self) -> None:
         """Delete this rank's snapshots and replica (the run is over: they must not outlive
         the root's lease, or a later run could resume from them)."""
+        self.wait()
         for folder in self.tier.folders(self.rank):
             if os.path.isdir(folder.local_path):
                 storage.delete_dir(folder)

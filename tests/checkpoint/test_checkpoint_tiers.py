@@ -9,11 +9,13 @@ of the node's copies gone it resumes from the root.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -23,6 +25,8 @@ from hypothesis import strategies as st
 
 import functrain
 from functrain.checkpoint import Manager
+from functrain.checkpoint import tiers as tiers_module
+from functrain.checkpoint.errors import CheckpointError
 from functrain.checkpoint.tiers import LocalTier
 from functrain.data import Loader
 from functrain.tree import leaves_with_paths
@@ -110,7 +114,10 @@ def test_resume_takes_the_newest_copy_that_loads(tmp_path, damage):
     own = tmp_path / "node0" / "rank0"
     assert _steps(own) == ["step_000000006", "step_000000008"]  # keep_last=2
     if damage != "none":
-        for chunk in (own / "step_000000008").rglob("c/*/*"):
+        snapshot = own / "step_000000008"
+        data = [p for p in sorted(snapshot.rglob("*")) if p.is_file() and
+                {"c", "d"} & set(p.relative_to(snapshot).parts[:-1])]  # fmt: skip
+        for chunk in data:  # an array's chunk files (c/...) or the data files (d/...)
             chunk.write_bytes(b"damaged" + chunk.read_bytes())  # every array fails its digest
             break
         else:
@@ -149,6 +156,68 @@ def test_snapshots_of_another_root_are_not_resumed(tmp_path, caplog):
     assert fresh.resumed_from is None and fresh.finished
     assert "written for the root" in caplog.text
     _same(_fit(tmp_path / "ref", None).state, fresh.state)
+
+
+def _state(value: float):
+    _, state, _ = _build()
+    for tensor in state.params.values():
+        tensor.detach().fill_(value)
+    return state.replace(step=3, timestamp=dataclasses.replace(state.timestamp, batch=3))
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_snapshot_holds_the_state_as_it_was_when_saved(tmp_path, async_save):
+    """The state's tensors change in place right after `save` returns (a donating step does):
+    the snapshot written in the background is still the state at the save."""
+    tier = LocalTier(tmp_path / "node0", every=1, peer=tmp_path / "node1", async_save=async_save)
+    state = _state(1.0)
+    with Manager(tmp_path / "root", every=None, local=tier) as manager:
+        url = manager.save(state, scheduled=True)  # the local snapshot alone
+        assert url.endswith("node0/rank0/step_000000003")
+        for tensor in state.params.values():
+            tensor.detach().fill_(2.0)
+        manager.wait()
+        for folder in ("node0/rank0", "node1/replica-rank0"):
+            loaded = functrain.checkpoint.load(tmp_path / folder / "step_000000003", _state(0.0))
+            for name, tensor in loaded.params.items():
+                assert torch.equal(tensor, torch.full_like(tensor, 1.0)), (folder, name)
+        manager.close(keep_local=False)
+
+
+def test_a_local_save_does_not_wait_for_the_write(tmp_path, monkeypatch):
+    """`save` returns while the snapshot is still being written; `wait` returns once it is
+    committed (a write held back by an event: no timing)."""
+    release, writing = threading.Event(), threading.Event()
+    write = tiers_module.Tiers._write
+
+    def held_write(*args, **kwargs):
+        writing.set()
+        assert release.wait(60), "the test never released the write"
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(tiers_module.Tiers, "_write", held_write)
+    tier = LocalTier(tmp_path / "node0", every=1)
+    with Manager(tmp_path / "root", every=None, local=tier) as manager:
+        manager.save(_state(1.0), scheduled=True)
+        assert writing.wait(60)
+        assert not (tmp_path / "node0" / "rank0" / "step_000000003").exists()
+        release.set()
+        manager.wait()
+        assert _steps(tmp_path / "node0" / "rank0") == ["step_000000003"]
+
+
+def test_a_failed_local_write_is_raised_by_the_next_wait(tmp_path, monkeypatch):
+    def failing_write(*args, **kwargs):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(tiers_module.Tiers, "_write", failing_write)
+    manager = Manager(tmp_path / "root", every=None, local=LocalTier(tmp_path / "node0", every=1))
+    try:
+        manager.save(_state(1.0), scheduled=True)
+        with pytest.raises(CheckpointError, match="no space left on device"):
+            manager.wait()
+    finally:
+        manager.close()
 
 
 def test_local_must_be_a_local_tier(tmp_path):
@@ -236,4 +305,35 @@ def test_both_ranks_skip_the_spike_also_when_killed_and_resumed(
     assert ("skipped batches [39, 39]" in resumed.stderr) == (snapshot < 40)  # replayed
     for rank, reference in zip(ranks, never_spiked):
         assert rank["skipped"] == [39]
+        assert rank["params"] == reference["params"]  # bit for bit (exact hex floats)
+
+
+@pytest.fixture(scope="module")
+def never_spiked_range(tmp_path_factory):
+    base = tmp_path_factory.mktemp("clean_range")
+    done = _launch(base, "clean", "--rollback", "--every", "8", "--clean")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _results(base / "clean")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash, snapshot", [(41, 39), (44, 42)])  # before / after the rollback
+def test_both_ranks_skip_the_range_also_when_killed_and_resumed(
+    tmp_path, never_spiked_range, crash, snapshot
+):
+    """With snapshots every 8 batches, the spike at 39 rolls both ranks back to the snapshot
+    after batch 32 and skips [32, 39]; killed and resumed from the local tier, before the spike
+    (the snapshot is in the checkpoint: the same rollback) or after it, the run ends
+    bit-identical to one whose data never held batches 32 to 39."""
+    crashed = _launch(tmp_path, "crash", "--rollback", "--every", "8", "--crash-at", str(crash))
+    assert crashed.returncode != 0
+    assert "skipped batches [32, 39]" in crashed.stderr
+    shutil.rmtree(tmp_path / "local" / "node1")
+    resumed = _launch(tmp_path, "resume", "--rollback", "--every", "8")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ranks = _results(tmp_path / "resume")
+    assert ranks[1]["resumed_from"].endswith(f"node0/replica-rank1/step_{snapshot:09d}")
+    assert ("skipped batches [32, 39]" in resumed.stderr) == (snapshot < 40)  # replayed
+    for rank, reference in zip(ranks, never_spiked_range):
+        assert rank["skipped"] == list(range(32, 40))
         assert rank["params"] == reference["params"]  # bit for bit (exact hex floats)

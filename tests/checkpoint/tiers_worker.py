@@ -1,6 +1,7 @@
 """Ranks of test_checkpoint_tiers.py's multi-process tests (gloo, forked so torch loads once).
 
-    python tiers_worker.py ROOT LOCAL OUT RENDEZVOUS [--crash-at N] [--rollback [--clean]]
+    python tiers_worker.py ROOT LOCAL OUT RENDEZVOUS [--crash-at N]
+        [--rollback [--every K] [--clean]]
 
 Two ranks, each on its own simulated node: rank r's local tier is LOCAL/node<r> and its replica
 goes to the other node's folder. A DDP run of 20 batches saves to ROOT every 10 batches and to
@@ -10,7 +11,9 @@ writes OUT/rank<r>.json: where it resumed from and its final parameters as exact
 
 With --rollback each rank trains on a list of 60 batches of its own, under `rollback_guard`;
 rank 1's batch 39 spikes the loss (its targets x1000), so the mean loss spikes on both ranks
-and both skip it. --clean removes batch 39 from both ranks' lists (the data that never held it).
+and both skip it (the root saves every 25 batches then). With --every K the guard keeps a snapshot every K batches and skips the range
+from the newest one (after batch 32 for K=8) to 39. --clean removes the batches the guard skips
+from both ranks' lists (the data that never held them).
 """
 
 from __future__ import annotations
@@ -38,24 +41,27 @@ STEPS = 20
 SPIKE = 39
 
 
-def rank_batches(rank: int, clean: bool) -> list:
+def rank_batches(rank: int, clean: bool, every: int) -> list:
     generator = torch.Generator().manual_seed(100 + rank)
     out = []
     for i in range(60):
         x = torch.randn(8, 4, generator=generator)
         y = x @ torch.ones(4, 1)
-        if i == SPIKE and clean:
+        if clean and (SPIKE // every) * every <= i <= SPIKE:
             continue
         out.append((x, y * 1000.0 if i == SPIKE and rank == 1 else y))
     return out
 
 
 class CrashAt:
-    def __init__(self, batch: int, rank: int):
-        self.batch, self.rank = batch, rank
+    def __init__(self, batch: int, rank: int, manager):
+        self.batch, self.rank, self.manager = batch, rank, manager
 
     def batch_end(self, ctx):
         if self.rank == 1 and ctx.timestamp.batch == self.batch:
+            # Killed once its asynchronous snapshot of the batch before is committed (one still
+            # being written when the process dies is not, and the restart takes an older one).
+            self.manager.wait()
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -90,13 +96,16 @@ def run_rank(rank: int, args) -> None:
         step = functrain.make_step(model, loss_fn, opt)
         train, duration = Loader(data, 8, seed=0), f"{STEPS}ba"
         if args.rollback:
-            step = functrain.compose(step, rollback_guard(factor=5.0))
-            train = rank_batches(rank, args.clean)
+            step = functrain.compose(step, rollback_guard(factor=5.0, every=args.every))
+            train = rank_batches(rank, args.clean, args.every)
             duration = f"{len(train)}ba"
         nodes = [os.path.join(args.local, f"node{r}") for r in range(2)]
         local = LocalTier(nodes[rank], every=3, peer=nodes[1 - rank], keep_last=2)
-        callbacks = [CrashAt(args.crash_at, rank)] if args.crash_at else []
-        with Manager(args.root, every="10ba", keep_last=2, local=local) as manager:
+        # Under --rollback the root saves every 25 batches: a crash at 41 or 44 then resumes
+        # from the local tier (39, 42) whatever the timing of the root's asynchronous save.
+        every = "25ba" if args.rollback else "10ba"
+        with Manager(args.root, every=every, keep_last=2, local=local) as manager:
+            callbacks = [CrashAt(args.crash_at, rank, manager)] if args.crash_at else []
             result = functrain.fit(step, state, train, duration=duration,
                                    callbacks=callbacks, checkpoints=manager, autoresume=True,
                                    log_interval=None, progress=False, return_result=True)  # fmt: skip
@@ -122,6 +131,7 @@ def main() -> None:
         parser.add_argument(name)
     parser.add_argument("--crash-at", type=int, default=0)
     parser.add_argument("--rollback", action="store_true")
+    parser.add_argument("--every", type=int, default=1)
     parser.add_argument("--clean", action="store_true")
     args = parser.parse_args()
     children = []
