@@ -241,7 +241,7 @@ class FitRun:
             after = after.replace(
                 max_batches=max_batches_for(self.options.duration, bpe, after, self.source.data)
             )
-        self._set_timestamp(after)
+        self.state = self.adapter.with_timestamp(self.state, after)
         if self.log_every.at_epoch_end(after) and self.last_log_batch != before.batch:
             # An epoch interval on data of unknown length: the last batch of the epoch was only
             # known once the data ran out, so its metrics are logged here.
@@ -266,16 +266,14 @@ class FitRun:
         if boundary.stop is not StopKind.NONE:
             pending = self.signals.pending
             self.ctx.stop_reason = stop_reason_for(boundary, pending, self.ctx.stop_reason)
-        self._set_timestamp(self.timestamp.replace(elapsed_sec=boundary.elapsed_sec))
+        ts = self.timestamp.replace(elapsed_sec=boundary.elapsed_sec)
+        self.state = self.adapter.with_timestamp(self.state, ts)
 
     # -- the state and its horizon -------------------------------------------------------------
 
     @property
     def timestamp(self) -> Timestamp:
         return self.state.timestamp
-
-    def _set_timestamp(self, ts: Timestamp) -> None:
-        self.state = self.adapter.with_timestamp(self.state, ts)
 
     def _set_horizon(self) -> None:
         ts = self.timestamp
@@ -296,7 +294,7 @@ class FitRun:
     def _estimate_horizon(self) -> None:
         """Samples/tokens durations: fix `max_batches` after the first counted batch."""
         if (ts := estimated_horizon(self.options.duration, self.timestamp)) is not None:
-            self._set_timestamp(ts)
+            self.state = self.adapter.with_timestamp(self.state, ts)
 
     def _done(self) -> bool:
         return run_finished(self.options.duration, self.timestamp)

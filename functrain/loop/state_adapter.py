@@ -90,7 +90,8 @@ class SingleState:
         return step(state, batch)
 
     def after_step(self, state: Any, output: Any, metrics: Any, batch: Any) -> Any:
-        _check_metrics(metrics)
+        if not isinstance(metrics, Mapping):
+            _refuse(metrics)
         if not isinstance(output, TrainState):
             raise TypeError(
                 f"the step returned a {type(output).__name__} for a TrainState; a step returns "
@@ -132,7 +133,8 @@ class StateTree:
         return step(state.states, batch)
 
     def after_step(self, state: Any, output: Any, metrics: Any, batch: Any) -> Any:
-        _check_metrics(metrics)
+        if not isinstance(metrics, Mapping):
+            _refuse(metrics)
         # `Step` reports the global sample count as an int; a step function may not
         samples = metrics.get("samples")
         if not isinstance(samples, int) or isinstance(samples, bool):
@@ -168,12 +170,12 @@ def _moved(run: FitState, states: Any, ts: Timestamp, share: bool) -> FitState:
     return run.replace(states=states, timestamp=ts)
 
 
-def _check_metrics(metrics: Any) -> None:
-    if not isinstance(metrics, Mapping):
-        raise TypeError(
-            f"the step returned {type(metrics).__name__} as its metrics; a step returns "
-            "(state, metrics) with metrics a dict such as {'loss': loss}"
-        )
+def _refuse(metrics: Any) -> None:
+    # checked inline by the callers: no call on an ordinary step
+    raise TypeError(
+        f"the step returned {type(metrics).__name__} as its metrics; a step returns "
+        "(state, metrics) with metrics a dict such as {'loss': loss}"
+    )
 
 
 def adapter_for(state: Any, world_size: int = 1) -> tuple[LoopState, Any]:
