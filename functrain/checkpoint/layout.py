@@ -16,6 +16,10 @@ so orbax -- and through it JAX -- restores it as numpy arrays:
                                        tree.json and of every other metadata file ("files":
                                        each zarr.json, _METADATA, _strings.json, ...)
 
+A small single-rank local save keeps the same zarr.json files and chunks, under the same keys,
+in one OCDBT database (`<dir>/manifest.ocdbt`, `<dir>/d/`; orbax's `use_ocdbt=True`), recorded
+in COMMIT.json as `"arrays": "ocdbt"` with format version 2 (see `array_store`).
+
 A Manager root holds one such directory per step, `step_000000100` (nine digits), plus:
 
     <root>/step_000000200.tmp/             a save in flight (local files; renamed when committed)
