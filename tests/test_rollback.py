@@ -11,6 +11,8 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import functrain
 from functrain.algorithms.rollback import (
@@ -127,6 +129,19 @@ def test_a_spike_rolls_back_to_the_newest_snapshot_and_skips_the_range(every, fi
     [record] = [r for r in caplog.records if r.name == "functrain.rollback"]
     assert "at step 40 (batch 39)" in record.getMessage()
     assert f"skipped batches [{first}, 39]" in record.getMessage()
+
+
+@settings(max_examples=8, deadline=None)
+@given(every=st.integers(1, 45), spike=st.integers(12, BATCHES - 2))
+def test_a_rollback_equals_training_without_the_skipped_range(every, spike):
+    """The law, for any snapshot interval and spike: the range skipped runs from the newest
+    multiple of `every` at or before the spike's batch (the spike's batch alone for every=1),
+    and the run equals one whose data never held that range."""
+    first = spike // every * every
+    guarded = _run(spike=True, guard=True, every=every, spikes=(spike,))
+    clean = _run(spike=False, guard=False, dropped=range(first, spike + 1))
+    assert skipped_ranges(guarded) == [(first, spike)]
+    _assert_same_training(guarded, clean)
 
 
 def test_a_spike_right_after_a_rollback_skips_only_its_own_batch():
