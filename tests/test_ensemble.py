@@ -144,16 +144,26 @@ def test_a_vmapped_step_trains_each_member_as_its_own_step_would():
     assert again.step == 4
 
 
-def test_a_composed_step_vmaps_too():
-    step = functrain.compose(
-        functrain.make_step(mlp(0), ce, optim.sgd(0.1, momentum=0.9)),
-        functrain.algorithms.label_smoothing(0.1),
-    )
-    states = states_of([0, 1], optim.sgd(0.1, momentum=0.9))
+@pytest.mark.parametrize(
+    "algorithms, opt",
+    [
+        ([functrain.algorithms.label_smoothing(0.1)], optim.sgd(0.1, momentum=0.9)),
+        ([functrain.algorithms.ema()], optim.adamw(1e-2)),
+        ([functrain.algorithms.sam(rho=0.05)], optim.sgd(0.1)),
+        ([], optim.chain(optim.clip_by_global_norm(0.5), optim.adamw(1e-2))),
+    ],
+    ids=["label_smoothing", "ema", "sam", "clip_by_global_norm"],
+)
+def test_a_composed_step_vmaps_too(algorithms, opt):
+    step = functrain.compose(functrain.make_step(mlp(0), ce, opt), *algorithms)
+    states = [step.init_state(s) for s in states_of([0, 1], opt)]
     batch = (torch.randn(5, 4), torch.randint(0, 3, (5,)))
-    stacked, _ = torch.func.vmap(step, in_dims=(0, None))(functrain.stack_states(states), batch)
+    stacked = functrain.stack_states(states)
+    for _ in range(3):
+        stacked, _ = torch.func.vmap(step, in_dims=(0, None))(stacked, batch)
+        states = [step(s, batch)[0] for s in states]
     for member, state in zip(functrain.unstack_states(stacked), states):
-        assert tree_allclose(member, step(state, batch)[0], atol=1e-6)
+        assert tree_allclose(member, state, atol=1e-6)
 
 
 def test_a_guarded_step_under_vmap_says_why_it_cannot():

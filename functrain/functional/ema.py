@@ -46,11 +46,12 @@ def compute_ema(
     out = {k: model_params[k].detach().clone() for k in model_params if k not in set(names)}
     if names:
         # lerp(ema, model, 1 - s) = s * ema + (1 - s) * model, and exactly `model` at s = 0
-        mixed = _torch.foreach_lerp(
-            [ema_params[k] for k in names],
-            [model_params[k].detach().to(ema_params[k].dtype) for k in names],
-            1.0 - smoothing,
-        )
+        ema = [ema_params[k] for k in names]
+        model = [model_params[k].detach().to(ema_params[k].dtype) for k in names]
+        if _torch.functorch_transforms_active():  # vmap: no batching rule for foreach kernels
+            mixed = [torch.lerp(e, m, 1.0 - smoothing) for e, m in zip(ema, model)]
+        else:
+            mixed = _torch.foreach_lerp(ema, model, 1.0 - smoothing)
         out.update(zip(names, mixed))
     return {k: out[k] for k in model_params}
 

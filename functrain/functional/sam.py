@@ -36,7 +36,11 @@ def sam_perturbation(
         return {}
     names = list(grads)
     scale = rho / (global_grad_norm(grads) + epsilon)
-    scaled = _torch.foreach_mul([grads[k] for k in names], scale.to(grads[names[0]].device))
+    scale = scale.to(grads[names[0]].device)
+    if _torch.functorch_transforms_active():  # vmap: no batching rule for foreach kernels
+        scaled = [grads[k] * scale for k in names]
+    else:
+        scaled = _torch.foreach_mul([grads[k] for k in names], scale)
     return dict(zip(names, scaled))
 
 
