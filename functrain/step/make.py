@@ -27,6 +27,11 @@ Randomness: modules that draw from torch's global generator (dropout, stochastic
 that generator seeded from `key_for(state.rng, state.step, "forward", rank)` and restored after, so
 a run is a pure function of its seed.
 
+Under `torch.func` transforms (`torch.func.vmap(step, in_dims=(0, None))` over states stacked by
+`functrain.stack_states`, see docs/ensembles.md) the step takes its functorch form by itself, no
+flag needed: gradients by `torch.func.grad`, no donation, the optimizer's functional update one
+op per tensor, metrics as tensors. A guarded step (skip_nonfinite, amp_fp16) refuses to run there.
+
 Decided once: the step checks an optimizer state against the parameters, finds where its learning
 rate lives and how to take the gradient norm when it first sees a state it did not produce (see
 `functrain.step.plan`); later calls on its own outputs only reuse those decisions.
