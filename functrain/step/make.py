@@ -189,13 +189,7 @@ class Step:
         return new_state, metrics
 
     def _transformed(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        """The step under a `torch.func` transform (`vmap` over stacked states, `grad`, ...).
-
-        Chosen automatically: gradients by `torch.func.grad` (no `requires_grad_` on a wrapped
-        tensor), no donation, the optimizer's functional update (one op per tensor, no foreach or
-        fused kernel), the gradient norm per tensor; the metrics' Python numbers become tensors,
-        which vmap can return. A guard's skip (a host-side decision) cannot run there.
-        """
+        """The step under a `torch.func` transform (see the module docstring)."""
         if self._guarded:
             raise NotImplementedError(
                 "this step has a guard (skip_nonfinite or precision='amp_fp16'), whose skip is "
