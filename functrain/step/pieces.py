@@ -48,16 +48,18 @@ class StepPieces(NamedTuple):
         grads: `(pieces, state, batch) -> GradResult`, forward, loss and gradients
             (microbatched); calls `pieces.loss`.
         transform_grads: `(grads, state) -> grads`, clipping, SAM's correction, ...
-        update: `(grads, state) -> state`, the optimizer and `apply_updates`. Called only for
-            steps the guard does not skip.
+        update: `(grads, state) -> state`, the optimizer and `apply_updates`. Not called on a
+            step the guard skips by a Python bool; run and undone on the device on one it skips
+            by a tensor (`functrain.step.guards`).
         after_update: `state -> state`, EMA, SWA, ... (runs on skipped steps too: time passed).
         call_model: `(state, *args, **kwargs) -> outputs`, the model with the state's tensors,
             without gradients (evaluation, scoring).
         guard: `(result, grad_norm, state) -> (state, skip)`, decides whether the update runs
             (`result.loss` is the mean over data-parallel ranks, as `grad_norm` is global, so
             every rank decides alike).
-            `skip` is a Python bool; a guard that looks at device values syncs once to get it
-            (the default guard never does). The state it returns carries the guard's own
+            `skip` is a Python bool, or a 0-d bool tensor that stays on the device (the built-in
+            guards: no host sync; a guard that reads device values into a bool syncs once per
+            step; the default guard never does). The state it returns carries the guard's own
             bookkeeping (the fp16 loss scale). On a skipped step params, buffers and the
             optimizer state are left exactly as they were; `state.step` and the timestamp still
             advance (the batch was consumed).
@@ -73,7 +75,9 @@ class StepPieces(NamedTuple):
     update: Callable[[dict, TrainState], TrainState]
     after_update: Callable[[TrainState], TrainState]
     call_model: Callable[..., Any]
-    guard: Callable[[GradResult, torch.Tensor, TrainState], tuple[TrainState, bool]] = no_guard
+    guard: Callable[
+        [GradResult, torch.Tensor, TrainState], tuple[TrainState, bool | torch.Tensor]
+    ] = no_guard
     installers: tuple = ()
 
 
