@@ -5,7 +5,9 @@ Axes (issue 11, "The scenario matrix"):
 - algorithm: none; `recipe` (EMA + label smoothing + MixUp + CutMix); SWA; SAM; BlurPool (surgery,
   through `apply_surgery`); sequence-length warm-up and activation checkpointing of every block
   (both on a GPT; every other value trains a CNN on scikit-learn's digits, so the model is a
-  function of the algorithm and no pair is lost to it);
+  function of the algorithm and no pair is lost to it); `batchnorm`, a CNN with BatchNorm (each
+  rank normalises with its own batch's statistics, and the running statistics are rank 0's on
+  every rank after each step: issue 30.1);
 - precision: fp32, amp_bf16, amp_fp16 (each fp16 run has a batch engineered to overflow);
 - layout: one process; DDP, FSDP, FSDP with `reshard_after_forward` and FSDP with `offload` (the
   shards and the optimizer state in host memory, the update there) on 2 ranks under
@@ -16,12 +18,16 @@ Axes (issue 11, "The scenario matrix"):
 - optimizer: plain (`adamw`) or decoupled (`decoupled_sgdw`);
 - interruption: none; SIGKILL of the whole job at a random step; SIGKILL right after a save was
   handed to the asynchronous writer; SIGTERM; SIGINT (Ctrl-C); a crash that torchrun's
-  `--max-restarts` restarts; a clean stop resumed on a different number of ranks (2 -> 1).
+  `--max-restarts` restarts; a clean stop resumed on a different number of ranks (2 -> 1);
+- recovery (issue 29): `ckpt`, the Manager's persistent root only; `tiers`, a fast local tier
+  (`LocalTier`, every 3 steps, with a replica in a second "node's" folder) beside it, so a kill
+  resumes from the newer local snapshot; `rollback`, a `rollback_guard` composed last, with one
+  sample weighted to spike the loss once an epoch (rolled back and skipped).
 
 Example:
     >>> s = Scenario.from_row({**{a: v[0] for a, v in AXES.items()}, "interruption": "sigterm"})
     >>> s.id
-    'none.fp32.single.mb-off.ba.plain.sigterm'
+    'none.fp32.single.mb-off.ba.plain.ckpt.sigterm'
 """
 
 from __future__ import annotations
@@ -35,12 +41,22 @@ from typing import Any
 from scenario_covering import Forbidden
 
 AXES: dict[str, list[str]] = {
-    "algorithm": ["none", "recipe", "swa", "sam", "blurpool", "seq_warmup", "act_ckpt"],
+    "algorithm": [
+        "none",
+        "recipe",
+        "swa",
+        "sam",
+        "blurpool",
+        "seq_warmup",
+        "act_ckpt",
+        "batchnorm",
+    ],
     "precision": ["fp32", "amp_bf16", "amp_fp16"],
     "layout": ["single", "ddp", "fsdp", "fsdp_raf", "fsdp_offload", "two_nodes"],
     "microbatch": ["off", "on"],
     "schedule": ["ba", "ep", "dur"],
     "optimizer": ["plain", "decoupled"],
+    "recovery": ["ckpt", "tiers", "rollback"],
     "interruption": [
         "none",
         "kill_step",
@@ -75,7 +91,9 @@ FORBIDDEN: list[Forbidden] = [
 
 # Training configurations differ by everything but the interruption: runs that share one also
 # share their uninterrupted reference.
-CONFIG_AXES = ("algorithm", "precision", "layout", "microbatch", "schedule", "optimizer")
+CONFIG_AXES = (
+    "algorithm", "precision", "layout", "microbatch", "schedule", "optimizer", "recovery",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +107,7 @@ class Scenario:
     schedule: str
     optimizer: str
     interruption: str
+    recovery: str = "ckpt"  # a default (so a field after `interruption`): added for issue 29
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Scenario:

@@ -31,8 +31,11 @@ from scenario_jobs import TOTAL_STEPS, Job, finished, read_progress, tail
 # loss tolerance is 1e-3: twice fp16's unit roundoff (4.9e-4), as bf16's.
 TOLERANCE = {"fp32": (1e-5, 1e-5), "amp_bf16": (1e-3, 5e-2), "amp_fp16": (1e-3, 2e-2)}
 # MixUp and CutMix pair the samples of each rank's own batch (as Composer does), so a run on
-# another rank count is a different, equally valid run: measured 8e-3 apart in loss.
-RANK_DEPENDENT = ("recipe",)
+# another rank count is a different, equally valid run: measured 8e-3 apart in loss. So is
+# BatchNorm's: each rank normalises with its own batch's statistics (sync_batchnorm, which would
+# make them global, is tested on its own in tests/parallel/test_parallel_batchnorm_runs.py).
+RANK_DEPENDENT = ("recipe", "batchnorm")
+ROLLBACK_SKIPPED = "algo_state.rollback.skipped"  # the guard's [first, last] skipped batches
 
 
 @dataclasses.dataclass
@@ -125,6 +128,13 @@ def check_reference(s: Scenario, ref: Job) -> list[str]:
         import torch
 
         tensors, _ = _final(ref)
+        if s.recovery == "rollback":
+            ranges = tensors.get(ROLLBACK_SKIPPED)
+            if ranges is None or not bool((ranges >= 0).any()):
+                problems.append(
+                    "the rollback guard never rolled back: the engineered loss spike (sample 70, "
+                    f"steps 5, 11 and 14) was trained on ({ROLLBACK_SKIPPED}: {ranges})"
+                )
         bad_leaves = [
             k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()
         ]

@@ -38,7 +38,8 @@ def _design(strength: int) -> tuple[Scenario, ...]:
 
 
 def ci_scenarios() -> list[Scenario]:
-    """The pairwise design (43 scenarios: at least the 7 x 6 pairs of algorithm and interruption)."""
+    """The pairwise design (50 scenarios: at least the 8 x 6 pairs of algorithm and interruption;
+    44 before the `batchnorm` algorithm and the `recovery` axis)."""
     return list(_design(2))
 
 

@@ -32,6 +32,9 @@ class KnownBug:
     symptom: str
     applies: Callable[[Scenario], bool]
     signature: str  # a regex every problem it causes matches
+    # False for a bug that only some runs of a scenario hit (where the ranks agree to stop is
+    # timing-dependent): a pass is then an XPASS, not a failure
+    strict: bool = True
 
     def explains(self, problem: str) -> bool:
         return re.search(self.signature, problem) is not None
@@ -40,7 +43,25 @@ class KnownBug:
 # Issue 11's points 1-5 (auto-resume with algorithm state, skips inside fit, epoch warm-ups of
 # decoupled optimizers, SIGTERM and Ctrl-C under the launcher) are fixed: their entries went
 # when the fixes landed. A newly found bug is listed here with its issue point until fixed.
-KNOWN: list[KnownBug] = []
+KNOWN: list[KnownBug] = [
+    KnownBug(
+        point="29.2",
+        fixed_by="functrain/loop/run.py `_checkpoint` (the loop's state handling)",
+        symptom=(
+            "a stop at a step the local tier saves leaves no checkpoint of that step: the "
+            "scheduled save went to the local tier only, the stop's save to the root is skipped "
+            "as already done (last_saved_batch), and the Manager's close deletes the local tier; "
+            "seen after SIGTERM, Ctrl-C and a rank change's stop"
+        ),
+        applies=lambda s: (
+            s.recovery == "tiers" and s.interruption in ("sigterm", "sigint", "rank_change")
+        ),
+        # a signal's stop; a rank change then retrains the lost step on the other rank count
+        signature=r"its newest checkpoint is \d+ \(want one written at the stop\)"
+        r"|step \d+ trained twice gave losses|want bit-identical\)",
+        strict=False,
+    ),
+]
 
 
 def applicable(scenario: Scenario) -> list[KnownBug]:
@@ -55,7 +76,8 @@ def marks(scenario: Scenario) -> list:
     """The pytest marks for a scenario's test: a strict xfail naming its known bugs."""
     if not applicable(scenario):
         return []
-    return [pytest.mark.xfail(strict=True, raises=KnownBugFailure, reason=reason(scenario))]
+    strict = all(bug.strict for bug in applicable(scenario))
+    return [pytest.mark.xfail(strict=strict, raises=KnownBugFailure, reason=reason(scenario))]
 
 
 def unexplained(scenario: Scenario, problems: list[str]) -> list[str]:

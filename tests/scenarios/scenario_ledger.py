@@ -18,7 +18,7 @@ Example:
     >>> ledger = load("bench/results/scenarios_full.json")
     >>> todo = pending(shard(all_scenarios(), 1, 4), ledger, code_hash())
     >>> totals(all_scenarios(), ledger, code_hash())["remaining"]
-    8568
+    29376
 """
 
 from __future__ import annotations

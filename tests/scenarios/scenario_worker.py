@@ -42,6 +42,7 @@ import functrain
 from functrain import algorithms as alg
 from functrain import datasets, schedules
 from functrain.checkpoint import Manager
+from functrain.checkpoint.tiers import LocalTier
 from functrain.data import Loader
 
 # The run: 96 samples in batches of 16 (6 batches an epoch), 3 epochs, a checkpoint every 4 batches.
@@ -53,6 +54,13 @@ BASE_LR = {"plain": 3e-3, "decoupled": 5e-2}
 # The fp16 scenarios' engineered overflow: one image this many times brighter trains finitely in
 # fp32/bf16 and in the fp16 forward pass, but its scaled fp16 gradients overflow.
 OVERFLOW_GAIN = 1500.0
+# The rollback rows' engineered loss spike: one sample's loss weighs this much more, so the batch
+# that holds it (steps 5, 11 and 14: the loader's order of sample 70) has a loss ~10x the recent
+# mean; the guard rolls it back and skips it. Step 5 comes after the guard's warm-up of 3.
+SPIKE_SAMPLE, SPIKE_WEIGHT = 70, 150.0
+LOCAL_TIER_EVERY = (
+    3  # the local tier's snapshots (3, 6, 9, ...) fall between the root's (4, 8, ...)
+)
 
 
 # -- the model, the data, the algorithms --------------------------------------------------------
@@ -64,6 +72,16 @@ def tiny_cnn() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(8, 12, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 10),
+    )  # fmt: skip
+
+
+def tiny_cnn_bn() -> nn.Module:
+    """`tiny_cnn` with a BatchNorm after each conv (the `batchnorm` rows): running statistics
+    that each rank's own batch moves, made rank 0's on every rank after each step."""
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 12, 3, stride=2, padding=1), nn.BatchNorm2d(12), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 10),
     )  # fmt: skip
 
@@ -91,16 +109,40 @@ def digits_arrays(cache: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     return datasets.digits(seed=0).train.tensors
 
 
-def image_data(precision: str, cache: str | None) -> torch.utils.data.Dataset:
-    """The first 96 training digits (scikit-learn's, shipped with the package)."""
+def image_data(
+    precision: str, cache: str | None, spike: bool = False, normalised: bool = False
+) -> torch.utils.data.Dataset:
+    """The first 96 training digits (scikit-learn's, shipped with the package).
+
+    Marked samples (a negative corner pixel, 0 in every digit) weigh more in `marked_loss`:
+    with `spike`, sample `SPIKE_SAMPLE` (-1: a loss spike); under fp16 with `normalised` (a
+    BatchNorm model, which would normalise a brighter image away), sample 5 (-2: an overflow).
+    """
     images, labels = digits_arrays(cache)
     images, labels = images[:NUM_SAMPLES].clone(), labels[:NUM_SAMPLES].clone()
-    if precision == "amp_fp16":
+    if precision == "amp_fp16" and normalised:
+        images[5, 0, 0, 0] = -2.0  # one overflowing batch per epoch, through its loss weight
+    elif precision == "amp_fp16":
         images[5] *= OVERFLOW_GAIN  # one overflowing batch per epoch
+    if spike:
+        images[SPIKE_SAMPLE, 0, 0, 0] = -1.0
     return torch.utils.data.TensorDataset(images, labels)
 
 
-def token_data(precision: str) -> torch.utils.data.Dataset:
+def marked_loss(model, batch):
+    """Cross-entropy in which a sample marked -1 (MixUp keeps it in (-1, 0)) weighs
+    `SPIKE_WEIGHT` more, and one marked -2 `OVERFLOW_GAIN * 10` more (as the GPT's loss mask)."""
+    images, labels = batch
+    logits = model(images)
+    per_sample = F.cross_entropy(logits, labels, reduction="none")
+    corner = images.flatten(1).amin(dim=1)
+    spike = ((corner < 0) & (corner > -1.5)).to(per_sample.dtype)
+    overflow = (corner <= -1.5).to(per_sample.dtype)
+    weight = 1 + SPIKE_WEIGHT * spike + OVERFLOW_GAIN * 10 * overflow
+    return (per_sample * weight).mean(), {"outputs": logits}
+
+
+def token_data(precision: str, spike: bool = False) -> torch.utils.data.Dataset:
     """96 sequences of 17 tokens, `x[t+1] = (a * x[t] + b) mod 32` (learnable, generated), with
     per-token loss weights; under fp16 one sequence weighs enough to overflow its gradients."""
     g = torch.Generator().manual_seed(0)
@@ -113,6 +155,8 @@ def token_data(precision: str) -> torch.utils.data.Dataset:
     weights = torch.ones(NUM_SAMPLES, 16)
     if precision == "amp_fp16":
         weights[5] = OVERFLOW_GAIN * 10
+    if spike:
+        weights[SPIKE_SAMPLE] = SPIKE_WEIGHT
     inputs, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
     return torch.utils.data.TensorDataset(inputs, targets, weights)
 
@@ -147,6 +191,8 @@ def algorithms_for(name: str) -> list:
         ]
     if name == "act_ckpt":  # every block's activations recomputed in backward (issue 16)
         return [alg.activation_checkpointing("Block")]
+    if name == "batchnorm":  # the model is the difference (`tiny_cnn_bn`)
+        return []
     raise ValueError(f"unknown algorithm axis value {name!r}")
 
 
@@ -328,13 +374,18 @@ def kill_job(batch_dir: str) -> None:
 def build(config: dict, mesh, layout: str, data_cache: str | None = None):
     """`(step, state, loader)` for a training configuration, built as a user would."""
     algorithms = algorithms_for(config["algorithm"])
+    spike = config.get("recovery") == "rollback"
+    if spike:  # composed last, so that it judges the step every other algorithm made
+        algorithms.append(alg.rollback_guard(3.0, window=4, warmup=3))
     torch.manual_seed(0)  # the initial weights
     if config["algorithm"] in GPT_ALGORITHMS:
-        model, data, loss_fn = tiny_gpt(), token_data(config["precision"]), gpt_loss
+        model, data, loss_fn = tiny_gpt(), token_data(config["precision"], spike), gpt_loss
     else:
-        model = tiny_cnn()
-        data = image_data(config["precision"], data_cache)
-        loss_fn = functrain.models.classification_loss
+        normalised = config["algorithm"] == "batchnorm"
+        model = tiny_cnn_bn() if normalised else tiny_cnn()
+        data = image_data(config["precision"], data_cache, spike, normalised)
+        marked = spike or (normalised and config["precision"] == "amp_fp16")
+        loss_fn = marked_loss if marked else functrain.models.classification_loss
     model = alg.apply_surgery(model, algorithms)
     optimizer = optimizer_for(config)
     state = functrain.init(
@@ -373,7 +424,12 @@ def run_job(job: dict, batch: dict, mesh, rank: int, world: int, timeline: Timel
     timeline.mark("built", job["id"])
     recorder = Recorder(os.path.join(job["dir"], "progress.jsonl"), rank, timeline, job["id"])
     interrupter = Interrupter(job, batch, rank, world)
-    with Manager(os.path.join(job["dir"], "ckpt"), every=SAVE_EVERY, keep_last=2) as manager:
+    local = None
+    if job["config"].get("recovery") == "tiers":  # two "nodes": each rank's replica in the other
+        local = LocalTier(os.path.join(job["dir"], "local"), every=LOCAL_TIER_EVERY,
+                          peer=os.path.join(job["dir"], "peer"))  # fmt: skip
+    root = os.path.join(job["dir"], "ckpt")
+    with Manager(root, every=SAVE_EVERY, keep_last=2, local=local) as manager:
         state = functrain.fit(
             step,
             state,

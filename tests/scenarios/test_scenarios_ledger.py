@@ -29,9 +29,10 @@ def row(s: Scenario, result: str = "pass", code: str = "A", seconds: float = 2.0
 
 
 def test_the_full_design_is_the_cross_product_minus_the_forbidden_pairs():
-    # 7 algorithms x 3 precisions x 2 microbatch x 3 schedules x 2 optimizers = 252 trainings per
-    # layout; interruptions: 4 on one process (no restart, no rank change), 6 on the 5 others.
-    assert len(FULL) == 252 * (4 + 5 * 6) == 8568
+    # 8 algorithms x 3 precisions x 2 microbatch x 3 schedules x 2 optimizers x 3 recoveries =
+    # 864 trainings per layout; interruptions: 4 on one process (no restart, no rank change), 6 on
+    # the 5 others.
+    assert len(FULL) == 864 * (4 + 5 * 6) == 29376
     assert len({s.id for s in FULL}) == len(FULL)
 
 
@@ -50,7 +51,7 @@ def test_shards_partition_the_design_exactly_and_keep_a_configuration_together(c
 
 def test_units_run_the_cheapest_layout_first_and_group_by_configuration():
     units = ledger.units(FULL)
-    assert len(units) == 252 * 6
+    assert len(units) == 864 * 6
     layouts = [u[0].layout for u in units]
     firsts = [layouts.index(layout) for layout in ledger.LAYOUT_ORDER]
     assert firsts == sorted(firsts) and layouts[0] == "single"
@@ -72,7 +73,7 @@ def test_only_matches_whole_axis_values():
     assert ledger.matches(fsdp, ["fsdp"]) and not ledger.matches(raf, ["fsdp"])
     assert ledger.matches(raf, ["fsdp_raf", "sigterm"]) and not ledger.matches(raf, ["sigint"])
     assert ledger.matches(raf, ["none.fp32"]) and not ledger.matches(raf, ["fp32.none"])
-    assert len([s for s in FULL if ledger.matches(s, ["single"])]) == 252 * 4
+    assert len([s for s in FULL if ledger.matches(s, ["single"])]) == 864 * 4
 
 
 def test_resume_skips_rows_done_at_the_same_code_and_reruns_everything_else():
@@ -224,8 +225,8 @@ def test_the_report_runs_nothing_and_counts_what_is_left(tmp_path, capsys):
     rc = bench_scenarios.main(["--design", "full", "--only", "single", "--results", path, "--report"])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0
-    assert f"1008 scenarios at code {code_hash()}: 40 ran, 40 pass" in out
-    assert "968 remaining" in out and f"{968 * 0.5 / 3600:.1f} h left" in out
+    assert f"3456 scenarios at code {code_hash()}: 40 ran, 40 pass" in out
+    assert "3416 remaining" in out and f"{3416 * 0.5 / 3600:.1f} h left" in out
     assert ledger.load(path)["rows"].keys() == data["rows"].keys()
 
 
@@ -242,7 +243,7 @@ def test_resume_with_everything_done_launches_nothing(tmp_path, capsys, monkeypa
     import scenario_harness
 
     monkeypatch.setattr(scenario_harness, "run_matrix", no_runs)
-    config = ".".join(unit[0].id.split(".")[:6])  # the id without its interruption
+    config = ".".join(unit[0].id.split(".")[:7])  # the id without its interruption
     argv = ["--design", "full", "--only", config, "--results", path, "--resume", "--cache", ""]
     assert bench_scenarios.main(argv) == 0
     assert "0 of 4 chosen scenarios to run" in capsys.readouterr().err
@@ -252,4 +253,4 @@ def test_resume_with_everything_done_launches_nothing(tmp_path, capsys, monkeypa
 
 def test_counts_of_the_full_design_per_layout():
     per = collections.Counter(s.layout for s in FULL)
-    assert per == {"single": 1008, **{k: 1512 for k in ("ddp", "fsdp", "fsdp_raf", "fsdp_offload", "two_nodes")}}  # fmt: skip
+    assert per == {"single": 3456, **{k: 5184 for k in ("ddp", "fsdp", "fsdp_raf", "fsdp_offload", "two_nodes")}}  # fmt: skip
