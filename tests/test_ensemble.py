@@ -221,3 +221,16 @@ def test_a_model_with_dropout_vmaps_with_randomness_different_and_repeats():
     first, m1 = vstep(stacked, batch)
     again, m2 = vstep(stacked, batch)  # the draws are a function of the state (seed, step)
     assert torch.equal(m1["loss"], m2["loss"]) and tree_allclose(first, again)
+
+
+def test_a_donating_step_under_vmap_leaves_the_stacked_input_untouched():
+    """Under a transform the step never donates: vmap's inputs are not the step's to reuse."""
+    opt = optim.adamw(1e-2)
+    stacked = functrain.stack_states(states_of([0, 1], opt))
+    before = functrain.tree.tree_clone(stacked)
+    batch = (torch.randn(5, 4), torch.randint(0, 3, (5,)))
+    pure = functrain.make_step(mlp(0), ce, opt)
+    donating = functrain.make_step(mlp(0), ce, opt, donate=True)
+    out, _ = torch.func.vmap(donating, in_dims=(0, None))(stacked, batch)
+    assert tree_allclose(stacked, before)
+    assert tree_allclose(out, torch.func.vmap(pure, in_dims=(0, None))(stacked, batch)[0])
