@@ -20,6 +20,8 @@ Sections:
     device meshes         `DeviceMesh._flatten`, `_pg_registry`    parallel
     torch bugs            `torch.distributed.nn.functional` binds  parallel (teardown)
                           `group.WORLD` as a default argument
+    torch releases        `distribute_tensor(src_data_rank=)`,     tests, parallel (teardown)
+                          gloo's worker thread names
 
 Example:
     >>> from functrain import _torch
@@ -29,6 +31,8 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -326,3 +330,61 @@ def release_world_defaults() -> None:
         value.__defaults__ = tuple(
             None if ProcessGroup in type(d).__mro__ else d for d in value.__defaults__
         )
+
+
+# --- differences between torch releases (tests, parallel) ----------------------------------
+# Public behaviour that changed inside the declared range (oldest: 2.6; docs/torch_versions.md
+# lists the releases the core tests ran on). Each answer is the same on every release.
+
+
+def distribute_from_every_rank(tensor: torch.Tensor, mesh: Any, placements) -> Any:
+    """`tensor`, held whole by every rank of `mesh`, as a DTensor: each rank keeps its own piece
+    of its own copy, with no communication.
+
+    `distribute_tensor(..., src_data_rank=None)` says this from torch 2.7; torch 2.6 has no
+    `src_data_rank` and always scatters rank 0's copy (which gloo cannot do for float8). There,
+    each rank cuts its piece itself.
+
+    Args:
+        tensor: the whole tensor (the same on every rank).
+        mesh: the device mesh.
+        placements: one placement per mesh dim (`Shard(d)`, `Replicate()`).
+    Returns:
+        the DTensor.
+    Example:
+        >>> w = distribute_from_every_rank(torch.ones(4, 2), mesh, [Shard(0)])
+    """
+    from torch.distributed.tensor import distribute_tensor
+
+    if "src_data_rank" in inspect.signature(distribute_tensor).parameters:
+        return distribute_tensor(tensor, mesh, placements, src_data_rank=None)
+    return cut_from_every_rank(tensor, mesh, placements)
+
+
+def cut_from_every_rank(tensor: torch.Tensor, mesh: Any, placements) -> Any:
+    """`distribute_from_every_rank` on any torch: this rank's piece, cut and wrapped."""
+    from torch.distributed.tensor import DTensor
+
+    shape, offset = local_shape_and_offset(tensor.shape, mesh, placements)
+    piece = tensor.detach()[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    local = piece.clone(memory_format=torch.contiguous_format)  # its own storage, as scattered
+    out = DTensor.from_local(
+        local, mesh, placements, run_check=False, shape=tensor.shape, stride=tensor.stride()
+    )
+    return out.requires_grad_(tensor.requires_grad)
+
+
+def gloo_worker_thread_name() -> str | None:
+    """The name torch gives each gloo worker thread, or None where it leaves them unnamed.
+
+    Unnamed, they carry the process's own name and cannot be told from other threads. torch
+    names them since https://github.com/pytorch/pytorch/pull/169979 (December 2025). Measured:
+    2.6.0 leaves them unnamed; 2.13.0 and 2.14.1 name them. The releases between are not
+    claimed: None makes a caller say it cannot tell, never that no worker is alive.
+
+    Example:
+        >>> gloo_worker_thread_name()   # torch 2.13
+        'pt_gloo_runloop'
+    """
+    major, minor = (int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
+    return "pt_gloo_runloop" if (major, minor) >= (2, 13) else None

@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from functrain.checkpoint import Manager
 
@@ -80,6 +81,16 @@ def _alive_after_exit(text):
     return [line.split(EXIT_CHECK)[1].strip() for line in text.splitlines() if EXIT_CHECK in line]
 
 
+def _skip_where_workers_cannot_be_counted(stdout):
+    """Skip the count where this torch leaves gloo's worker threads unnamed (torch 2.6): there
+    the exit check says "unknown" rather than a count of threads it cannot tell apart."""
+    if "unknown" in _alive_after_exit(stdout):
+        pytest.skip(
+            f"torch {torch.__version__} leaves gloo's worker threads unnamed: they cannot be "
+            "counted (functrain._torch.gloo_worker_thread_name)"
+        )
+
+
 @pytest.mark.slow
 def test_one_process_ends_with_no_gloo_worker_left_and_its_save_committed(tmp_path):
     script = tmp_path / "run.py"
@@ -87,8 +98,9 @@ def test_one_process_ends_with_no_gloo_worker_left_and_its_save_committed(tmp_pa
     proc = _python(script, tmp_path / "ckpt", "teardown")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "script done" in proc.stdout
-    assert _alive_after_exit(proc.stdout) == ["0"], proc.stdout + proc.stderr[-2000:]
     assert Manager(str(tmp_path / "ckpt"), async_save=False).latest().endswith("step_000000009")
+    _skip_where_workers_cannot_be_counted(proc.stdout)
+    assert _alive_after_exit(proc.stdout) == ["0"], proc.stdout + proc.stderr[-2000:]
     # The control: the same run without functrain's exit hook leaves gloo workers behind.
     control = _python(script, tmp_path / "ckpt2", "none")
     assert _alive_after_exit(control.stdout) not in ([], ["0"]), control.stdout
@@ -116,6 +128,7 @@ def test_two_ranks_end_with_no_gloo_worker_left(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    _skip_where_workers_cannot_be_counted(proc.stdout)
     assert sorted(_alive_after_exit(proc.stdout)) == ["0", "0"], proc.stdout[-3000:]
 
 

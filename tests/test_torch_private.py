@@ -120,3 +120,93 @@ def test_world_default_still_bound_on_this_torch():
         )
     assert "all_reduce" in out["bound"]
     assert out["after"] == []  # the workaround releases every one
+
+
+CUT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from functrain import _torch
+
+    rank, rendezvous = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    full = torch.arange(35.0).reshape(5, 7)   # 5 rows, 7 columns: uneven on 2 ranks
+    for dim, placement in ((0, Shard(0)), (1, Shard(1)), (None, Replicate())):
+        for make in (_torch.cut_from_every_rank, _torch.distribute_from_every_rank):
+            out = make(full, mesh, [placement])
+            mine = full if dim is None else full.chunk(2, dim)[rank]
+            assert torch.equal(out.to_local(), mine), (make, placement, out.to_local())
+            assert out.to_local().data_ptr() != full.data_ptr()
+            assert torch.equal(out.full_tensor(), full), (make, placement)
+    grad = _torch.cut_from_every_rank(full.requires_grad_(), mesh, [Shard(0)])
+    assert grad.requires_grad and grad.is_leaf
+    dist.destroy_process_group()
+    print("cut ok", rank)
+    """
+)
+
+
+@pytest.mark.slow
+def test_every_rank_cuts_its_own_piece_on_any_torch(tmp_path):
+    """`distribute_from_every_rank` (and the cut it uses where `distribute_tensor` has no
+    `src_data_rank`, torch 2.6) gives each rank its `chunk` of its own copy, uneven too."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    rendezvous = str(tmp_path / "rendezvous")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", CUT, str(rank), rendezvous],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for rank, proc in enumerate(ranks):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert f"cut ok {rank}" in out
+
+
+THREADS = textwrap.dedent(
+    """
+    import json, os
+    import torch
+    import torch.distributed as dist
+    from functrain import _torch
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.all_reduce(torch.ones(1))
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    print(json.dumps({"claimed": _torch.gloo_worker_thread_name(), "names": names}))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names in /proc")
+def test_the_gloo_thread_name_claimed_is_the_one_this_torch_gives():
+    """Where `gloo_worker_thread_name` names a thread, a gloo group's workers carry that name;
+    where it says None (torch 2.6), no thread carries the name later releases give."""
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", THREADS],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if out["claimed"] is None:
+        assert "pt_gloo_runloop" not in out["names"], out
+    else:
+        assert out["names"].count(out["claimed"]) >= 1, out

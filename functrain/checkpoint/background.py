@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +114,10 @@ class BackgroundWriter:
             self._executor.shutdown(wait=True)
             self._executor = None
         if self._own_group and torch.distributed.is_initialized():
+            # Hand the GIL to a gloo worker still releasing the last collective's tensors:
+            # torch 2.6 joins its workers in the group's destructor with the GIL held, so a
+            # worker waiting for it deadlocks the join (1 close in 2 hung on 2 ranks there).
+            time.sleep(0.05)
             torch.distributed.destroy_process_group(self.group)
         if self._own_group:
             self.group = None  # a group still referenced is never freed (its threads live)

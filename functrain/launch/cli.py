@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if failures and watch.hang is not None:  # the watchdog stopped the ranks
         status.print_line(f"{watch.hang}; all ranks were stopped.")
         return watchdog.HANG_CODE
-    return _report(opts, stop, failures, records)
+    return _report(opts, stop, status.with_recorded_errors(failures, records), records)
 
 
 def _report(opts, stop: _Stop, failures: dict | None, records: dict) -> int:
@@ -344,7 +344,7 @@ def _worker(argv: list[str]) -> int:
         raise
     finally:
         teardown.set_exit_code(code)  # the exit watchdog, if it fires, keeps the run's code
-        status.write_exit_record(code, signals.received(), hangup.since)
+        status.write_exit_record(code, signals.received(), hangup.since, status.raised_error())
     return 0
 
 

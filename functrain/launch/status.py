@@ -5,8 +5,9 @@ Under the launcher each rank leaves two small JSON records in a folder the launc
 
 - `rank<R>.checkpoint.json` (R: the global rank): the newest checkpoint that rank's `fit`
   committed (step, URL, time), rewritten at each commit by `functrain.loop.launch_record`;
-- `rank<R>.exit.json`: written by the worker wrapper when the script ends: its exit code and the
-  stop signals (SIGTERM, SIGINT) the process received while a Python handler (fit's) caught them.
+- `rank<R>.exit.json`: written by the worker wrapper when the script ends: its exit code, the
+  stop signals (SIGTERM, SIGINT) the process received while a Python handler (fit's) caught them,
+  and the error it raised, if any.
 
 A rank that was killed writes no exit record. From these and torchrun's failures the launcher
 names the rank that failed first (a rank stopped because a peer died never is), or says how a
@@ -24,6 +25,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +39,11 @@ __all__ = [
     "failure_line",
     "first_stop",
     "own_codes",
+    "raised_error",
     "read_records",
     "root_failure",
     "stop_line",
+    "with_recorded_errors",
     "write_exit_record",
 ]
 
@@ -109,19 +113,32 @@ class SignalLog:
         return names
 
 
-def write_exit_record(code: int, signals: list[str], stop_time: float | None = None) -> None:
+def write_exit_record(
+    code: int, signals: list[str], stop_time: float | None = None, error: str | None = None
+) -> None:
     """Tell the launcher (if any) that this rank's script ended with `code` (and, for a stop
-    forwarded as a hangup, when the rank was asked to stop)."""
+    forwarded as a hangup, when the rank was asked to stop; `error`: what it raised)."""
     path = _record_path("exit")
     if path is not None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         record = {"code": int(code), "signals": signals, "local_rank": local, "time": time.time()}
         if stop_time is not None:
             record["stop_time"] = stop_time
+        if error:
+            record["error"] = error
         try:
             _write_json(path, record)
         except OSError:
             pass
+
+
+def raised_error() -> str | None:
+    """The error the script is ending with ("ValueError: boom"), read in the worker's `finally`
+    while it propagates; None when the script returned or called `sys.exit`."""
+    error = sys.exc_info()[1]
+    if error is None or isinstance(error, SystemExit):
+        return None
+    return "".join(traceback.format_exception_only(type(error), error)).strip()
 
 
 # -- in the launcher ---------------------------------------------------------------------------
@@ -220,6 +237,34 @@ def root_failure(failures: dict, records: dict[int, RankRecord] | None = None) -
     if not pool:
         return None
     return min(pool, key=lambda r: (failures[r].timestamp, r))
+
+
+@dataclass
+class RecordedFailure:
+    """A rank's failure as its exit record tells it (the fields of torchrun's ProcessFailure
+    that the launcher reads)."""
+
+    exitcode: int
+    message: str
+    timestamp: float
+
+
+def with_recorded_errors(failures: dict | None, records: dict[int, RankRecord]) -> dict | None:
+    """torchrun's `failures`, plus each rank whose exit record holds the error its script raised
+    where torchrun has no error of that rank's own.
+
+    torchrun reports the ranks that had ended when it looked, then stops the rest. On torch 2.6
+    the rank that raised may still be exiting when its peer's "Connection closed by peer" ends
+    that peer: it is then missing from `failures`, or reported as killed by SIGTERM.
+    """
+    if not failures:
+        return failures
+    merged = dict(failures)
+    for rank, record in records.items():
+        error = (record.exit or {}).get("error")
+        if error and (rank not in merged or not _own_message(merged[rank])):
+            merged[rank] = RecordedFailure(record.exit["code"], error, record.exit["time"])
+    return merged
 
 
 def _recorded_code(record: RankRecord | None) -> int:

@@ -63,8 +63,6 @@ __all__ = [
     "shutdown",
 ]
 
-# torch names each gloo worker thread so (c10::setThreadName in ProcessGroupGloo).
-_GLOO_WORKER_NAME = "pt_gloo_runloop"
 _EXIT_TIMEOUT_ENV = "FUNCTRAIN_EXIT_TIMEOUT"
 _QUIESCE_S = 2.0
 
@@ -129,7 +127,13 @@ def set_exit_code(code: int) -> None:
 
 
 def gloo_worker_threads() -> list[int] | None:
-    """Thread ids of this process's live gloo worker threads (None where /proc is missing)."""
+    """Thread ids of this process's live gloo worker threads (None where they cannot be told:
+    no /proc, or a torch that leaves them unnamed, `_torch.gloo_worker_thread_name`)."""
+    from .. import _torch
+
+    name = _torch.gloo_worker_thread_name()
+    if name is None:
+        return None
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
@@ -138,7 +142,7 @@ def gloo_worker_threads() -> list[int] | None:
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() == _GLOO_WORKER_NAME:
+                if f.read().strip() == name:
                     found.append(int(tid))
         except OSError:  # the thread ended meanwhile
             continue

@@ -21,10 +21,10 @@ import traceback
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from functrain import checkpoint
+from functrain import _torch, checkpoint
 from functrain.rng import RngState
 from functrain.state import TrainState
 
@@ -83,12 +83,11 @@ def plans(world: int):
 def build(ref, mesh=None, placements=None, blank: bool = False) -> TrainState:
     """A TrainState of the tensors placed on `mesh` (None: plain tensors; `blank`: zeroed
     scalars, as a `like`)."""
-    # src_data_rank=None: every rank holds the reference and cuts its own shard (gloo cannot
-    # scatter float8).
+    # Every rank holds the reference and cuts its own shard (gloo cannot scatter float8).
     params = {
         name: ref[name]
         if mesh is None
-        else distribute_tensor(ref[name], mesh, placements[name], src_data_rank=None)
+        else _torch.distribute_from_every_rank(ref[name], mesh, placements[name])
         for name in SHAPES
     }
     extra = {"note": "", "lr": 0.0} if blank else {"note": "resharded", "lr": 0.5}

@@ -23,15 +23,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Shard
 
 import functrain
-from functrain import checkpoint
+from functrain import _torch, checkpoint
 
 
 def state(step: int, mesh) -> functrain.TrainState:
     full = torch.arange(60, dtype=torch.float32).reshape(10, 6) + 1000 * step
-    w = distribute_tensor(full, mesh, [Shard(0)], src_data_rank=None)
+    w = _torch.distribute_from_every_rank(full, mesh, [Shard(0)])  # no scatter: any torch
     return functrain.TrainState(step=step, params={"w": w}, buffers={}, opt_state=(),
                                 rng=functrain.RngState(seed=step))  # fmt: skip
 
