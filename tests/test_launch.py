@@ -351,7 +351,8 @@ FIT = textwrap.dedent(
             time.sleep(0.2)
     duration = "3ba" if sys.argv[2] == "short" else "100000ba"
     state = functrain.fit(step, state, batches * 100000, duration=duration,
-                          checkpoints=manager, callbacks=[Beat()], log_interval=None)
+                          checkpoints=manager, autoresume=True,   # the lease: at the start
+                          callbacks=[Beat()], log_interval=None)
     print(f"fit returned at step {state.step}", flush=True)
     if sys.argv[2] == "exit75":   # the examples' `sys.exit(result.exit_code)` after SIGTERM
         sys.exit(75)
@@ -514,6 +515,11 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.stdout.close()
+    # The same command right away: the dead run's lease is taken over, not refused.
+    again = _launch([str(script), str(tmp_path / "c"), "short"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "fit returned at step 3" in again.stdout
+    assert "took over the lease" in again.stderr and "its process is gone" in again.stderr
 
 
 @pytest.mark.slow
