@@ -5,6 +5,7 @@ at use under activation offload): tests/parallel/test_parallel_forward_run.py.
 """
 
 import contextlib
+import importlib
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ from functrain.algorithms.activation_checkpointing import StandIn
 from functrain.parallel import plans as fplans
 from functrain.step import forward_run
 from functrain.step.forward_run import ORDER, ForwardRun, Installer, ordered
+
+# the module (`functrain.parallel.running` the attribute is the function of the same name)
+running = importlib.import_module("functrain.parallel.running")
 
 
 class Block(nn.Module):
@@ -50,9 +54,13 @@ def batches(n=2):
     return [(torch.randn(6, 8, generator=g), torch.randn(6, 1, generator=g)) for _ in range(n)]
 
 
-def recording(log, name):
+def recording(log, name, layout_args=False):
+    """An installer logging its entry and exit (`layout_args`: called as the layout's are, with
+    `(model, layout, inflight)`)."""
+
     @contextlib.contextmanager
-    def install(run):
+    def install(*args):
+        assert len(args) == (3 if layout_args else 1)
         log.append(("enter", name))
         yield
         log.append(("exit", name))
@@ -69,11 +77,9 @@ def test_the_order_is_the_declared_one():
         "offload",
         "activation_checkpointing",
     )
-    assert forward_run.LAYOUT_INSTALLERS + ("slots",) + forward_run.LOSS_INSTALLERS == ORDER
+    assert running.LAYOUT_ORDER + ("slots",) + forward_run.LOSS_INSTALLERS == ORDER
     # a recomputation redoes only what acts when a module is called, in the same order
-    assert [n for n in ORDER if n in forward_run.RECOMPUTE_INSTALLERS] == list(
-        forward_run.RECOMPUTE_INSTALLERS
-    )
+    assert [n for n in ORDER if n in running.RECOMPUTE_ORDER] == list(running.RECOMPUTE_ORDER)
 
 
 @pytest.mark.parametrize("composed", [("offload", "activation_checkpointing"),
@@ -95,10 +101,10 @@ def test_algorithm_installers_enter_in_the_declared_order_whatever_the_compositi
 
 def test_the_layout_installers_enter_in_the_declared_order(monkeypatch):
     log = []
-    for name in forward_run.LAYOUT_INSTALLERS:
-        monkeypatch.setitem(forward_run._LAYOUT, name, recording(log, name))
-    for name in forward_run.RECOMPUTE_INSTALLERS:
-        monkeypatch.setitem(forward_run._RECOMPUTE, name, recording(log, "re-" + name))
+    for name in running.LAYOUT_ORDER:
+        monkeypatch.setitem(running._LAYOUT, name, recording(log, name, layout_args=True))
+    for name in running.RECOMPUTE_ORDER:
+        monkeypatch.setitem(running._RECOMPUTE, name, recording(log, "re-" + name, True))
     run = ForwardRun(nn.Linear(2, 2), layout=object())
     with run.installed():
         log.append(("forward", None))
@@ -122,7 +128,7 @@ def test_the_layout_installers_enter_in_the_declared_order(monkeypatch):
 
 def test_without_a_layout_nothing_is_installed_and_no_context_is_made():
     run = ForwardRun(nn.Linear(2, 2))
-    assert run.installed() is run.recomputing() is forward_run._NOTHING
+    assert run.installed() is run.recomputing() is running._NOTHING
     assert run.gathered_at_use is None
 
 

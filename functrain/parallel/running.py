@@ -10,8 +10,9 @@ never meet:
 - gathering at use: with `reshard_after_forward`, modules gather their parameters when called
   (`reshard`, from the placeholders recorded in `inflight`).
 
-They are installed in the order the step's `ForwardRun` declares (`step.forward_run.ORDER`),
-which also hands `inflight` to the algorithms that install something for the forward.
+They are installed in `LAYOUT_ORDER`, the outer part of the step's order
+(`step.forward_run.ORDER`, whose `ForwardRun` also hands `inflight` to the algorithms that
+install something for the forward).
 
 Under `torch.compile` the first two are installed outside the compiled region (by
 `compile_step`); inside, `running` finds them installed and adds nothing, so the graph does not
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from .. import _torch
+from . import reshard, tensor_parallel
 from .collectives import InFlight
 from .layout import Layout
 
@@ -78,13 +80,24 @@ def tp_installed(model: torch.nn.Module, styles: dict[str, str]) -> bool:
     return first is not None and "forward" in first.__dict__
 
 
+# The layout's installers, outermost first (the step's whole order, with the slots and the
+# algorithms' installers inside these, is `step.forward_run.ORDER`). They act only when a module
+# is called, so among themselves any order gives the same forward.
+LAYOUT_ORDER = ("input_cast", "tensor_parallel", "gather_at_use")
+# What a checkpointed module's recomputation, in the backward pass, needs again (the installers
+# are gone by then): not the input cast (a pre-hook on the root, which is never recomputed) nor
+# the saved-tensor hooks (checkpoint keeps what it recomputes).
+RECOMPUTE_ORDER = ("tensor_parallel", "gather_at_use")
+_NOTHING = contextlib.nullcontext()  # reusable: no allocation for a forward without a layout
+
+
 def running(
     model: torch.nn.Module, layout: Layout | None, inflight: InFlight | None = None
 ) -> contextlib.AbstractContextManager[None]:
     """Run `model` under `layout` inside this block (see the module docstring).
 
-    The layout's part of the step's `ForwardRun` (`functrain.step.forward_run`, where the order
-    of everything installed for a forward is written), for a forward run by hand.
+    The layout's part (`LAYOUT_ORDER`) of what the step installs for a forward
+    (`functrain.step.forward_run`), for a forward run by hand.
 
     Args:
         model: the root module (the one given to `functrain.init`).
@@ -93,7 +106,65 @@ def running(
     Returns:
         the context manager installing them.
     """
-    # imported here: the step builds on this package, not the other way round
-    from ..step.forward_run import ForwardRun
+    if layout is None:
+        return _NOTHING
+    return _installed(model, layout, inflight, LAYOUT_ORDER)
 
-    return ForwardRun(model, layout, inflight).installed()
+
+def recomputing(
+    model: torch.nn.Module, layout: Layout | None, inflight: InFlight | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """What a checkpointed module's recomputation needs of the layout (`RECOMPUTE_ORDER`), for
+    activation checkpointing to enter around it in the backward pass.
+
+    Example:
+        >>> with recomputing(model, layout, inflight):
+        ...     out = module(*args)
+    """
+    if layout is None:
+        return _NOTHING
+    return _installed(model, layout, inflight, RECOMPUTE_ORDER, recompute=True)
+
+
+@contextlib.contextmanager
+def _installed(
+    model: torch.nn.Module,
+    layout: Layout,
+    inflight: InFlight | None,
+    names: tuple[str, ...],
+    recompute: bool = False,
+) -> Iterator[None]:
+    table = _RECOMPUTE if recompute else _LAYOUT
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(table[name](model, layout, inflight))
+        yield
+
+
+def _input_cast(model, layout, inflight) -> contextlib.AbstractContextManager[None]:
+    return casting_inputs(model, layout.param_dtype)
+
+
+def _tensor_parallel(model, layout, inflight) -> contextlib.AbstractContextManager[None]:
+    styles = dict(layout.tp_styles)
+    if not styles or tp_installed(model, styles):  # none, or already there (compile_step)
+        return _NOTHING
+    return tensor_parallel.parallel_forwards(model, styles, layout.tp_group)
+
+
+def _gather_at_use(model, layout, inflight) -> contextlib.AbstractContextManager[None]:
+    return reshard.gathering_at_use(inflight)
+
+
+def _gather_modules(model, layout, inflight) -> contextlib.AbstractContextManager[None]:
+    return reshard.gathering_modules(inflight)  # module by module: no saved-tensor hooks
+
+
+# name -> `(model, layout, inflight) -> context manager`, for the names of LAYOUT_ORDER and of
+# RECOMPUTE_ORDER (fixed tables, not registries: nothing adds to them)
+_LAYOUT = {
+    "input_cast": _input_cast,
+    "tensor_parallel": _tensor_parallel,
+    "gather_at_use": _gather_at_use,
+}
+_RECOMPUTE = {"tensor_parallel": _tensor_parallel, "gather_at_use": _gather_modules}

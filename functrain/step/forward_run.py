@@ -42,36 +42,21 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ..parallel import reshard, tensor_parallel
-from ..parallel.running import casting_inputs, tp_installed
+from ..parallel.running import LAYOUT_ORDER, recomputing, running
 
 if TYPE_CHECKING:
     from ..parallel import InFlight
     from ..parallel.layout import Layout
 
-# Outermost first; see the module docstring for why.
-ORDER = (
-    "input_cast",
-    "tensor_parallel",
-    "gather_at_use",
-    "slots",
-    "offload",
-    "activation_checkpointing",
-)
-LAYOUT_INSTALLERS = ORDER[: ORDER.index("slots")]  # entered by `ForwardRun.installed`
+# Outermost first; see the module docstring for why. The layout's part is `parallel.running`'s.
+ORDER = (*LAYOUT_ORDER, "slots", "offload", "activation_checkpointing")
 LOSS_INSTALLERS = ORDER[ORDER.index("slots") + 1 :]  # entered by `ForwardRun.call_loss`
-# What a checkpointed module's recomputation, in the backward pass, needs again of the layout's
-# installers (gone by then): they act when a module is called. Not the input cast (a pre-hook
-# on the root, which is never recomputed) nor the saved-tensor hooks (checkpoint keeps what it
-# recomputes).
-RECOMPUTE_INSTALLERS = ("tensor_parallel", "gather_at_use")
-_NOTHING = contextlib.nullcontext()  # reusable: no allocation for a plain forward
 
 
 class Installer(NamedTuple):
@@ -138,27 +123,13 @@ class ForwardRun:
         return inflight if inflight is not None and inflight.placeholders else None
 
     def installed(self) -> ContextManager[None]:
-        """The layout's installers (`LAYOUT_INSTALLERS`, in order) for the block's length."""
-        if self.layout is None:
-            return _NOTHING
-        return self._layout_installed()
+        """The layout's installers (`parallel.running.LAYOUT_ORDER`) for the block's length."""
+        return running(self.model, self.layout, self.inflight)
 
     def recomputing(self) -> ContextManager[None]:
-        """The layout's installers a recomputation needs (`RECOMPUTE_INSTALLERS`), for
-        activation checkpointing to enter around it in the backward pass."""
-        if self.layout is None:
-            return _NOTHING
-        return self._layout_installed(RECOMPUTE_INSTALLERS, _RECOMPUTE)
-
-    @contextlib.contextmanager
-    def _layout_installed(
-        self, names: tuple[str, ...] = LAYOUT_INSTALLERS, table: dict | None = None
-    ) -> Iterator[None]:
-        table = _LAYOUT if table is None else table
-        with contextlib.ExitStack() as stack:
-            for name in names:
-                stack.enter_context(table[name](self))
-            yield
+        """The layout's installers a recomputation needs (`parallel.running.RECOMPUTE_ORDER`),
+        for activation checkpointing to enter around it in the backward pass."""
+        return recomputing(self.model, self.layout, self.inflight)
 
     def call_loss(self, model: Any, loss: Callable, batch: Any) -> Any:
         """`loss(model, batch)` under the algorithms' installers (`LOSS_INSTALLERS`), which run
@@ -169,33 +140,3 @@ class ForwardRun:
             for installer in self.installers:
                 stack.enter_context(installer.install(self))
             return loss(model, batch)
-
-
-def _input_cast(run: ForwardRun) -> ContextManager[None]:
-    return casting_inputs(run.model, run.layout.param_dtype if run.layout else None)
-
-
-def _tensor_parallel(run: ForwardRun) -> ContextManager[None]:
-    layout = run.layout
-    styles = dict(layout.tp_styles) if layout is not None else {}
-    if layout is None or not styles or tp_installed(run.model, styles):  # already there
-        return _NOTHING
-    return tensor_parallel.parallel_forwards(run.model, styles, layout.tp_group)
-
-
-def _gather_at_use(run: ForwardRun) -> ContextManager[None]:
-    return reshard.gathering_at_use(run.inflight)
-
-
-def _gather_modules(run: ForwardRun) -> ContextManager[None]:
-    return reshard.gathering_modules(run.inflight)
-
-
-# name -> `run -> context manager`, for the names of LAYOUT_INSTALLERS and of
-# RECOMPUTE_INSTALLERS (fixed tables, not registries: nothing adds to them)
-_LAYOUT = {
-    "input_cast": _input_cast,
-    "tensor_parallel": _tensor_parallel,
-    "gather_at_use": _gather_at_use,
-}
-_RECOMPUTE = {"tensor_parallel": _tensor_parallel, "gather_at_use": _gather_modules}
