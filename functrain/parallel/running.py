@@ -14,9 +14,8 @@ They are installed in `LAYOUT_ORDER`, the outer part of the step's order
 (`step.forward_run.ORDER`, whose `ForwardRun` also hands `inflight` to the algorithms that
 install something for the forward).
 
-Under `torch.compile` the first two are installed outside the compiled region (by
-`compile_step`); inside, `running` finds them installed and adds nothing, so the graph does not
-break.
+When the first two are already on the model (a caller that installed them around a compiled
+region), `running` finds them and adds nothing.
 
 Example:
     >>> inflight = InFlight(state.layout)

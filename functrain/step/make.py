@@ -193,8 +193,9 @@ class Step:
         if self._guarded:
             raise NotImplementedError(
                 "this step has a guard (skip_nonfinite or precision='amp_fp16'), whose skip is "
-                "decided on the host: it cannot run under torch.func.vmap/grad; build the step "
-                "without skip_nonfinite, in fp32 or amp_bf16, to vmap it"
+                "one decision for the whole state, not one per vmapped member: it cannot run "
+                "under torch.func.vmap/grad; build the step without skip_nonfinite, in fp32 or "
+                "amp_bf16, to vmap it"
             )
         if self._func_step is None:  # a performance cache: the same step in its func form
             self._func_step = self.with_options(grad_mode="func", donate=False)
