@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tensorstore as ts
 
 from . import storage
@@ -60,15 +62,22 @@ def array_kvstore(loc: storage.Location, key: str, consolidated: bool) -> dict:
     return loc.child(key).kvstore
 
 
-def write_files(loc: storage.Location, files: dict[str, bytes]) -> None:
-    """Write `{name: bytes}` into the OCDBT database of `loc` (no fsync: the writer syncs).
+def start_writes(loc: storage.Location, files: dict[str, bytes]) -> Callable[[], None]:
+    """Start writing `{name: bytes}` into the OCDBT database of `loc` (no fsync: the writer
+    syncs); returns the call that waits for every write (and raises the first failure).
 
     Example:
-        >>> write_files(loc, {"params.w/zarr.json": b"{...}"})
+        >>> finish = start_writes(loc, {"params.w/zarr.json": b"{...}"})
+        >>> finish()
     """
     store = ts.KvStore.open(database(loc), context=storage.CONTEXT).result()
-    for future in [store.write(name, data) for name, data in files.items()]:
-        future.result()
+    futures = [store.write(name, data) for name, data in files.items()]
+
+    def finish() -> None:
+        for future in futures:
+            future.result()
+
+    return finish
 
 
 def read_files(loc: storage.Location, names: list[str], max_bytes: int) -> dict:
@@ -96,5 +105,5 @@ __all__ = [
     "consolidates",
     "database",
     "read_files",
-    "write_files",
+    "start_writes",
 ]

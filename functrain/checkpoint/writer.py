@@ -210,8 +210,12 @@ def _write_arrays(
             if like not in encoded:
                 encoded[like] = verify.encode(verify.array_metadata(r))
             metadata[layout.array_metadata_file(r.key)] = encoded[like]
-        write_metadata = array_store.write_files if consolidated else storage.write_many
-        _result_of(lambda: write_metadata(unsynced, metadata), work.url, "writing metadata of")
+        if consolidated:  # written while the arrays are: waited for with them, below
+            finish_metadata = array_store.start_writes(unsynced, metadata)
+        else:
+            _result_of(
+                lambda: storage.write_many(unsynced, metadata), work.url, "writing metadata of"
+            )
         files.update({name: layout.digest(data) for name, data in metadata.items()})
     pending = []  # (url, future, item) so an error names the array it hit
     for record, item in arrays:
@@ -229,6 +233,8 @@ def _write_arrays(
         writes.append((url, write))
     for url, future in writes:
         _result(future, url, "writing")
+    if staged.rank == 0 and consolidated:
+        _result_of(finish_metadata, work.url, "writing metadata of")
     if staged.rank != 0:
         _make_durable(work)
 
