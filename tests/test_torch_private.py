@@ -140,8 +140,9 @@ CUT = textwrap.dedent(
             out = make(full, mesh, [placement])
             mine = full if dim is None else full.chunk(2, dim)[rank]
             assert torch.equal(out.to_local(), mine), (make, placement, out.to_local())
-            assert out.to_local().data_ptr() != full.data_ptr()
             assert torch.equal(out.full_tensor(), full), (make, placement)
+        cut = _torch.cut_from_every_rank(full, mesh, [placement])
+        assert cut.to_local().data_ptr() != full.data_ptr()   # its own storage, as scattered
     grad = _torch.cut_from_every_rank(full.requires_grad_(), mesh, [Shard(0)])
     assert grad.requires_grad and grad.is_leaf
     dist.destroy_process_group()
@@ -167,8 +168,8 @@ def test_every_rank_cuts_its_own_piece_on_any_torch(tmp_path):
         )
         for rank in (0, 1)
     ]
-    for rank, proc in enumerate(ranks):
-        out, err = proc.communicate(timeout=300)
+    outputs = [proc.communicate(timeout=300) for proc in ranks]
+    for rank, (proc, (out, err)) in enumerate(zip(ranks, outputs)):
         assert proc.returncode == 0, err[-3000:]
         assert f"cut ok {rank}" in out
 
