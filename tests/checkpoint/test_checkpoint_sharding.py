@@ -16,7 +16,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
 from functrain import checkpoint
-from functrain.checkpoint import sharding
+from functrain.checkpoint import array_store, sharding
 
 
 @st.composite
@@ -79,13 +79,19 @@ def _launch(worlds: tuple[int, ...], root: str, rendezvous_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_any_mesh_to_any_mesh_bitwise(tmp_path):
+def test_any_mesh_to_any_mesh_bitwise(tmp_path, monkeypatch):
     """Saved on 1, 2, 4 and 3 ranks, each loaded by every later world size with other placements
-    (uneven and empty shards, 2-D meshes, replicas), and finally by one process: bitwise equal."""
+    (uneven and empty shards, 2-D meshes, replicas), and finally by one process: bitwise equal.
+    The single-process save is there twice: a directory per leaf, and consolidated (OCDBT)."""
     ref = reference()
     root = str(tmp_path / "ckpts")
     os.makedirs(root)
     checkpoint.save(os.path.join(root, "saved_1"), build(ref))  # a plain, unsharded save
+    consolidated = os.path.join(root, "saved_1_consolidated")
+    with monkeypatch.context() as patch:
+        patch.setattr(array_store, "CONSOLIDATE_BELOW", 2**30)
+        checkpoint.save(consolidated, build(ref))
+    assert os.path.isfile(os.path.join(consolidated, "manifest.ocdbt"))
     _launch((2, 4, 3), root, str(tmp_path))
     for saved in sorted(d for d in os.listdir(root) if d.startswith("saved_")):
         loaded = checkpoint.load(os.path.join(root, saved), like=build(zeros(ref), blank=True))
