@@ -314,15 +314,20 @@ class FitRun:
         self.last_eval_batch = self.boundaries.synced_batch = self._batch()
 
     def _checkpoint(self, scheduled: bool = False) -> None:  # scheduled: only the tiers due
-        if self.checkpoints is None or self.last_saved_batch == self._batch():
+        # The run's last save goes to the root even when this batch's scheduled save went to
+        # the local tier only (which the manager's close removes); one the root already holds
+        # the manager keeps, returning the same path.
+        again = self.last_saved_batch == self._batch()
+        if self.checkpoints is None or (again and scheduled):
             return
         self.beat.phase("checkpoint", self._batch())
         self.state = with_loop_extra(self.state, self.names, self.callbacks, self.source)
         metrics = {f"eval/{k}": v for k, v in self.ctx.eval_metrics.items()}  # for keep_best
         path = self.checkpoints.save(self.state, metrics=metrics, scheduled=scheduled)
         self.last_saved_batch = self.boundaries.synced_batch = self._batch()
-        self.ctx.checkpoint_path = path
-        self._emit(Event.CHECKPOINT)
+        if not (again and path == self.ctx.checkpoint_path):
+            self.ctx.checkpoint_path = path
+            self._emit(Event.CHECKPOINT)
 
     def _resume(self) -> tuple[str | None, Timestamp] | None:
         """Restore the newest checkpoint; `(path or None for init_from, its timestamp)`."""

@@ -220,6 +220,28 @@ def test_a_failed_local_write_is_raised_by_the_next_wait(tmp_path, monkeypatch):
         manager.close()
 
 
+class _StopAt:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def batch_end(self, ctx):
+        if ctx.timestamp.batch == self.batch:
+            ctx.request_stop("stop on a local-tier step")
+
+
+def test_a_stop_on_a_step_the_local_tier_saved_leaves_that_step_in_the_root(tmp_path):
+    # Batch 6's scheduled save goes to the local tier only (the root saves every 5); the stop's
+    # save must still reach the root, since closing the manager removes the local tier.
+    step, state, data = _build()
+    tier = LocalTier(tmp_path / "node0", every=3)
+    with Manager(tmp_path / "root", every="5ba", local=tier) as manager:
+        result = functrain.fit(step, state, Loader(data, 8, seed=1), duration="12ba",
+                               checkpoints=manager, callbacks=[_StopAt(6)], progress=False,
+                               return_result=True)  # fmt: skip
+    assert result.state.timestamp.batch == 6 and not result.finished
+    assert _steps(tmp_path / "root") == ["step_000000005", "step_000000006"]
+
+
 def test_local_must_be_a_local_tier(tmp_path):
     with pytest.raises(TypeError, match="LocalTier"):
         Manager(tmp_path, local=str(tmp_path / "node0"))

@@ -43,25 +43,9 @@ class KnownBug:
 # Issue 11's points 1-5 (auto-resume with algorithm state, skips inside fit, epoch warm-ups of
 # decoupled optimizers, SIGTERM and Ctrl-C under the launcher) are fixed: their entries went
 # when the fixes landed. A newly found bug is listed here with its issue point until fixed.
-KNOWN: list[KnownBug] = [
-    KnownBug(
-        point="29.2",
-        fixed_by="functrain/loop/run.py `_checkpoint` (the loop's state handling)",
-        symptom=(
-            "a stop at a step the local tier saves leaves no checkpoint of that step: the "
-            "scheduled save went to the local tier only, the stop's save to the root is skipped "
-            "as already done (last_saved_batch), and the Manager's close deletes the local tier; "
-            "seen after SIGTERM, Ctrl-C and a rank change's stop"
-        ),
-        applies=lambda s: (
-            s.recovery == "tiers" and s.interruption in ("sigterm", "sigint", "rank_change")
-        ),
-        # a signal's stop; a rank change then retrains the lost step on the other rank count
-        signature=r"its newest checkpoint is \d+ \(want one written at the stop\)"
-        r"|step \d+ trained twice gave losses|want bit-identical\)",
-        strict=False,
-    ),
-]
+# 29.2 (a stop on a step the local tier saved left no root checkpoint of it) was fixed in the
+# loop's `_checkpoint`.
+KNOWN: list[KnownBug] = []
 
 
 def applicable(scenario: Scenario) -> list[KnownBug]:
