@@ -2,11 +2,16 @@
 
     python examples/digits_cnn.py                            # one process
     python examples/digits_cnn.py --run-dir runs/digits      # checkpoints; rerun to resume
-    python -m functrain.launch -n 2 examples/digits_cnn.py   # two processes, the same run
+    python -m functrain.launch -n 2 examples/digits_cnn.py   # two processes, data parallel
 
 The data (1,797 8x8 images) ships with scikit-learn, so nothing is downloaded. The script is the
 whole recipe: a model, a loss, an optimizer with a schedule, `functrain.init`, `make_step`, and
 `fit` with evaluation, a progress bar and (with --run-dir) auto-resuming checkpoints.
+
+On two processes each rank normalises its own half of a batch, so the run is close to, not
+equal to, the one-process run (the BatchNorm buffers are kept identical across ranks, so a
+stopped and resumed run equals an uninterrupted one); `functrain.parallel.sync_batchnorm`
+makes it equal (docs/distributed.md).
 """
 
 from __future__ import annotations
