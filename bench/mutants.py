@@ -64,6 +64,7 @@ CATALOGUE = {
     "functrain/optim/fused.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/fused_cache.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/fused_groups.py": ["tests/optim/test_optim_fused.py"],
+    "functrain/optim/keeping.py": ["tests/optim/test_optim_skip_on_device.py"],
     "functrain/optim/recipe.py": ["tests/optim/test_optim_fused.py"],
     "functrain/optim/executor.py": ["tests/optim/test_optim_fused.py", "tests/test_step.py"],
     "functrain/optim/kernels.py": ["tests/optim/test_optim_fused.py"],
@@ -571,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print('bench mutants needs cosmic-ray: pip install -e ".[mutation]"', file=sys.stderr)
         return 2
-    modules = list(CATALOGUE) if args.catalogue else (args.module or ["functrain/time.py"])
+    modules = list(CATALOGUE) if args.catalogue else (args.module or ["functrain/units.py"])
     for module in modules:
         if not (args.tests or CATALOGUE.get(module)):
             parser.error(f"no tests known for {module}: pass --tests")
