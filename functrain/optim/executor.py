@@ -100,11 +100,10 @@ def may_fuse(transform: Any, params: Any, grads: Any) -> bool:
         return False
     for name, grad in grads.items():
         param = params.get(name)
-        if param is None:
+        if type(param) in _PLAIN_TENSORS and type(grad) in _PLAIN_TENSORS:
+            continue  # the common case, decided by two type lookups
+        if param is None or not (is_dtensor(param) or is_dtensor(grad)):
             return False
-        if is_dtensor(param) or is_dtensor(grad):
-            if not placed_alike(param, grad):
-                return False
-        elif not (type(param) in _PLAIN_TENSORS and type(grad) in _PLAIN_TENSORS):
+        if not placed_alike(param, grad):
             return False
     return True
