@@ -98,13 +98,12 @@ WORLD_DEFAULT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_world_default_still_bound_on_this_torch():
-    """The torch behaviour `_torch.release_world_defaults` works around, on the torch in use."""
+def _last_json_line_of(code: str) -> dict:
+    """Run `code` in a fresh interpreter (this checkout on its path); its last line, as JSON."""
     import json
 
     proc = subprocess.run(
-        [sys.executable, "-c", WORLD_DEFAULT],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
@@ -112,7 +111,13 @@ def test_world_default_still_bound_on_this_torch():
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_world_default_still_bound_on_this_torch():
+    """The torch behaviour `_torch.release_world_defaults` works around, on the torch in use."""
+    out = _last_json_line_of(WORLD_DEFAULT)
     if not out["bound"]:
         pytest.skip(
             f"torch {torch.__version__} no longer binds group.WORLD as a default argument: "
@@ -195,18 +200,7 @@ THREADS = textwrap.dedent(
 def test_the_gloo_thread_name_claimed_is_the_one_this_torch_gives():
     """Where `gloo_worker_thread_name` names a thread, a gloo group's workers carry that name;
     where it says None (torch 2.6), no thread carries the name later releases give."""
-    import json
-
-    proc = subprocess.run(
-        [sys.executable, "-c", THREADS],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _last_json_line_of(THREADS)
     if out["claimed"] is None:
         assert "pt_gloo_runloop" not in out["names"], out
     else:

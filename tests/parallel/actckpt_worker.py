@@ -9,10 +9,10 @@ batch itself, so the comparison needs no communication.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
+from parallel_launching import finish_worker
 
 import functrain
 from functrain import parallel as fdist
@@ -232,11 +232,7 @@ def main(argv=None) -> int:
     }
     results["monitor"] = monitor_error(mesh)
     results["resume"] = fit_resume(mesh, args.dir)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    fdist.shutdown()
-    return 0
+    return finish_worker(rank, args.out, results)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 
 import torch
 import torch.nn.functional as F
+from parallel_launching import finish_worker
 
 import functrain
 from functrain import datasets
@@ -162,11 +162,7 @@ def main(argv=None) -> int:
     for name, fn in SCENARIOS.items():
         if not args.only or name in args.only:
             results[name] = fn(os.path.join(args.dir, name))
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    fdist.shutdown()
-    return 0
+    return finish_worker(rank, args.out, results)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ twice on the same ranks, with and without the algorithm installed over the layou
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
+from parallel_launching import finish_worker
 
 import functrain
 from functrain import parallel as fdist
@@ -110,11 +110,7 @@ def main(argv=None) -> int:
         reshard_plan,
         [activation_offload("Block"), activation_checkpointing("Block", every=2)],
     )
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    fdist.shutdown()
-    return 0
+    return finish_worker(rank, args.out, results)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ comparison needs no communication.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
+from parallel_launching import finish_worker
 
 import functrain
 from functrain import parallel as fdist
@@ -237,11 +237,7 @@ def main(argv=None) -> int:
     replicas = fdist.init_mesh(dp_shard=1, dp_replicate=-1) if world > 1 else mesh
     results = {"world": world, "variants": compare(mesh, replicas)}
     results["fit"] = fit_runs(mesh, args.dir)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    fdist.shutdown()
-    return 0
+    return finish_worker(rank, args.out, results)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,17 @@ def run_python(args: list[str], timeout: float = 120, extra_path: str | None = N
         text=True,
         timeout=timeout,
     )
+
+
+def finish_worker(rank: int, out: str, results) -> int:
+    """A multi-rank worker's last lines: rank 0 writes `results` as JSON to `out`, every rank
+    shuts its process group down; returns the exit code 0."""
+    import json
+
+    from functrain import parallel as fdist
+
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+    fdist.shutdown()
+    return 0

@@ -9,7 +9,6 @@ locally on the same global batch, and returns numbers; rank 0 writes them as JSO
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -18,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import value_scenarios  # beside this file: on the path as the script's folder, and in pytest
+from parallel_launching import finish_worker
 
 import functrain
 from functrain import parallel as fdist
@@ -620,11 +620,7 @@ def main(argv=None) -> int:
     if world != args.world:
         raise SystemExit(f"expected {args.world} ranks, got {world}")
     results = run_all(world, args.only)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    fdist.shutdown()
-    return 0
+    return finish_worker(rank, args.out, results)
 
 
 if __name__ == "__main__":
