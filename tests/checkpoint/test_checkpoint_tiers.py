@@ -299,12 +299,17 @@ def test_a_killed_rank_resumes_from_the_peer_replica(tmp_path, uninterrupted, lo
 # -- rollback on a loss spike, on two ranks ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def never_spiked(tmp_path_factory):
-    base = tmp_path_factory.mktemp("clean")
-    done = _launch(base, "clean", "--rollback", "--clean")
+def _never_spiked(tmp_path_factory, name: str, *options: str) -> list:
+    """Each rank's results of the run whose data never held the spike (`options`: the guard's)."""
+    base = tmp_path_factory.mktemp(name)
+    done = _launch(base, "clean", "--rollback", *options, "--clean")
     assert done.returncode == 0, done.stderr[-3000:]
     return _results(base / "clean")
+
+
+@pytest.fixture(scope="module")
+def never_spiked(tmp_path_factory):
+    return _never_spiked(tmp_path_factory, "clean")
 
 
 @pytest.mark.slow
@@ -332,10 +337,7 @@ def test_both_ranks_skip_the_spike_also_when_killed_and_resumed(
 
 @pytest.fixture(scope="module")
 def never_spiked_range(tmp_path_factory):
-    base = tmp_path_factory.mktemp("clean_range")
-    done = _launch(base, "clean", "--rollback", "--every", "8", "--clean")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _results(base / "clean")
+    return _never_spiked(tmp_path_factory, "clean_range", "--every", "8")
 
 
 @pytest.mark.slow
