@@ -49,7 +49,7 @@ def _counts(pool: list, index: int) -> tuple[int, int, int, int, int]:
         sys.getrefcount(tensor),
         weakref.getweakrefcount(tensor),
         tensor._use_count(),
-        _torch.storage_use_count(tensor),
+        _torch.storage_use_count(storage),  # the storage fetched once: one C call less
         sys.getrefcount(storage),
     )
 

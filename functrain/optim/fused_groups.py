@@ -55,7 +55,7 @@ def _pieces(tensors: list[Any]) -> list[torch.Tensor] | None:
     dtype, device, strides = param.dtype, param.device, param.stride()
     # The kernels walk each tensor's memory as one flat array, so a parameter and its moments
     # must be dense and laid out alike (the gradient, tensors[1], is checked on every call).
-    if dtype not in _FLOATS or not dense(param):
+    if dtype not in _FLOATS or not (param.is_contiguous() or dense(param)):  # C decides most
         return None
     for index, t in enumerate(tensors):
         if t.dtype != dtype or t.device != device:

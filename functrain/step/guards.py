@@ -69,6 +69,7 @@ def run_update(
     norm: torch.Tensor | None,
     skip: torch.Tensor | None,
     donate: bool,
+    transformed: bool = False,
 ) -> TrainState:
     """The step's `update` piece, under a guard's device decision `skip` (None: there is none).
 
@@ -78,11 +79,12 @@ def run_update(
             and the decision in hand (the fused kernels' `found_inf`).
         grads, state: what the piece is given (`state` is consumed when `donate`).
         norm, skip, donate: as above.
+        transformed: the step runs under torch.func transforms (asked once per step call).
     Returns:
         the updated state, or where `skip` holds, one with `state`'s values.
     """
     if update is default:
-        return default(grads, state, norm, skip=skip)
+        return default(grads, state, norm, skip=skip, transformed=transformed)
     return keep_update(skip, update, grads, state, donate)
 
 

@@ -137,7 +137,9 @@ class Step:
     def init_state(self, state: TrainState) -> TrainState:
         """`state` with an `algo_state` entry for every composed algorithm that keeps one (the
         fp16 loss scale included) and lacks it; the same object when nothing is missing."""
-        state = counts_on_device(state) if self._own_algorithms else state  # see guards.py
+        # A guarded step keeps its counts as tensors (guards.py): its own outputs have them so.
+        if self._own_algorithms and self._plans.own(state.opt_state) is None:
+            state = counts_on_device(state)
         algo_state = state.algo_state
         missing = [
             a
@@ -203,7 +205,7 @@ class Step:
         step = self._func_step
         state = step.init_state(state)
         plan = step.plan_for(state)
-        new_state, metrics = step._fold(plan, state, batch)
+        new_state, metrics = step._fold(plan, state, batch, transformed=True)
         metrics["lr"] = plan.read_lr(new_state.opt_state)
         metrics = {
             k: torch.tensor(v) if isinstance(v, (bool, int, float)) else v
@@ -221,8 +223,10 @@ class Step:
             state.opt_state, lambda: {k: state.params[k] for k in self._trainable}, state.layout
         )
 
-    def _fold(self, plan: StatePlan, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        """The pieces run in order, and the metrics (all but "lr", read by the caller)."""
+    def _fold(
+        self, plan: StatePlan, state: TrainState, batch: Batch, transformed: bool = False
+    ) -> tuple[TrainState, dict]:
+        """The pieces run in order, and the metrics but "lr"; `transformed`: under torch.func."""
         pieces = self.pieces
         batch = pieces.prepare(state, batch)
         _, world = data_parallel_info(state.layout)
@@ -237,15 +241,14 @@ class Step:
             saved = [b.clone() for b in state.buffers.values()]
         result = self._run_grads(pieces, state, batch)
         # Under torch.func transforms: per tensor (no batching rule for foreach kernels).
-        plain = plan.plain_grads and not _torch.functorch_transforms_active()
+        plain = plan.plain_grads and not transformed
         grad_norm = _grad_norm(result.grads, plain)
         grads = pieces.transform_grads(result.grads, state)
         # The mean over data-parallel ranks: the metric, and what a guard decides on, so that
         # every rank skips the same steps (a rank-local NaN loss would split them otherwise).
         loss = parallel_compute.mean_over_data_parallel(result.loss, state.layout)
-        with_buffers = (
-            state if result.buffers is state.buffers else state.replace(buffers=result.buffers)
-        )
+        same = result.buffers is state.buffers
+        with_buffers = state if same else state.replace(buffers=result.buffers)
         guarded, skipped = pieces.guard(result._replace(loss=loss), grad_norm, with_buffers)
         device_skip = skipped if isinstance(skipped, torch.Tensor) else None  # see guards.py
         if device_skip is None and skipped:  # nothing is written: all stays as it was
@@ -259,7 +262,7 @@ class Step:
         else:  # on a device decision, the update runs and is kept or discarded there
             norm = grad_norm if grads is result.grads else None  # the default piece takes it
             new_state = run_update(pieces.update, self.update_piece, grads, guarded, norm,
-                                   device_skip, self.config.donate)  # fmt: skip
+                                   device_skip, self.config.donate, transformed)  # fmt: skip
             new_state = new_state.replace(
                 buffers=keep_buffers(device_skip, state.buffers, new_state.buffers, saved),
                 step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens),
@@ -268,10 +271,7 @@ class Step:
         metrics = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
         }
-        metrics["loss"] = loss
-        metrics["grad_norm"] = grad_norm
-        metrics["samples"] = samples
-        metrics["tokens"] = tokens
+        metrics.update(loss=loss, grad_norm=grad_norm, samples=samples, tokens=tokens)
         if self._guarded:
             metrics["skipped"] = skipped
         if self.config.report_grad_norms:

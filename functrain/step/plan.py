@@ -8,6 +8,8 @@ checkpoint, a hand-made one), and reuses the decision while the step is fed its 
 
 Recognising "its own output" costs one attribute path and an identity test: the plan keeps a weak
 reference to the first tensor of the optimizer state the step returned (nothing is kept alive).
+The same test (`Plans.own`) spares a guarded step the walk that turns its optimizer's update
+counts into tensors: its own outputs have them so already (`functrain.step.guards`).
 
 Example:
     >>> plans = Plans()
@@ -72,12 +74,9 @@ class Plans:
         Raises:
             ValueError: the optimizer state does not fit the parameters (see `check_opt_state`).
         """
-        last = self._last
-        if last is not None:
-            ref, plan = last
-            tensor = plan.first_tensor(opt_state)
-            if tensor is not None and tensor is ref():
-                return plan
+        plan = self.own(opt_state)
+        if plan is not None:
+            return plan
         trainable = params()
         plain = _plain(trainable)
         key = (optree.tree_structure(opt_state, namespace=NAMESPACE), plain)
@@ -87,6 +86,16 @@ class Plans:
         if plan.first_tensor(opt_state) is not None:
             check_opt_state(opt_state, trainable, layout)
         return plan
+
+    def own(self, opt_state: Any) -> StatePlan | None:
+        """The plan of the step's last output when `opt_state` is that output (its first tensor
+        is the one the step returned), else None: a state the step has not decided on."""
+        last = self._last
+        if last is None:
+            return None
+        ref, plan = last
+        tensor = plan.first_tensor(opt_state)
+        return plan if tensor is not None and tensor is ref() else None
 
     def produced(self, opt_state: Any, plan: StatePlan) -> None:
         """Remember that the step returned `opt_state` (checked: it came from a checked one)."""

@@ -52,6 +52,7 @@ class UpdatePiece:
         state: TrainState,
         norm: torch.Tensor | None = None,
         skip: torch.Tensor | None = None,
+        transformed: bool | None = None,
     ) -> TrainState:
         """The optimizer update of `state` with `grads`.
 
@@ -62,13 +63,17 @@ class UpdatePiece:
                 clip does not take it a second time.
             skip: a guard's 0-d bool tensor: where True the update is discarded on the device
                 (`functrain.optim.executor.update_in_place`).
+            transformed: under torch.func transforms, when the caller knows (the step asks
+                torch once per call); None: asked here.
         Returns:
             the updated state.
         """
         trainable = {k: state.params[k] for k in grads}
         # Traced: the functional path, which inductor fuses; under torch.func transforms (vmap
         # over stacked states): the functional path, one op per tensor, nothing in place.
-        if torch.compiler.is_compiling() or _torch.functorch_transforms_active():
+        if torch.compiler.is_compiling() or (
+            _torch.functorch_transforms_active() if transformed is None else transformed
+        ):
             saved = None
             if skip is not None and self.donate:
                 saved = snapshot((trainable, state.opt_state), pieces=False)
