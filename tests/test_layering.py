@@ -60,11 +60,7 @@ STEP_RECORD_NAMES = frozenset({"Algorithm", "StepPieces", "GradResult", "StepCon
 
 # Violations present today, each with the change that removes it. The test fails when one is no
 # longer found (remove it here), so this set only shrinks. Entries: (file, imported module).
-KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
-    # `parallel` re-exports the cross-shard `global_norm` from `optim.base` (one implementation
-    # for both). To remove: move `global_norm` into functrain/parallel/ and let optim import it.
-    ("functrain/parallel/__init__.py", "functrain.optim.base"),
-})  # fmt: skip
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ importing `torch.distributed.tensor` costs ~0.7 s that a one-process run never n
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from ..optim.base import global_norm  # the cross-shard norm, one implementation for both
 from .collectives import InFlight
 from .comm import COUNTER, CommCounter, ring_bytes
 from .compute import (
@@ -70,7 +69,6 @@ __all__ = [
     "full_params",
     "full_value",
     "gather_params",
-    "global_norm",
     "hsdp",
     "init_distributed",
     "init_mesh",

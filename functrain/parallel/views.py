@@ -8,7 +8,9 @@ method on every rank at the same steps is right). On plain tensors they cost not
 
     full_value(tree)        every DTensor leaf of a pytree gathered whole (`full_tensor()`)
     norms(tensors)          the global L2 norm of each tensor, one all-reduce per mesh dim
-    global_norm(tree)       the global L2 norm of everything (re-exported from `optim`)
+
+The norm of everything together is `functrain.optim.global_norm(tree)` (the one that clipping
+uses; it handles DTensors the same way).
 
 Example:
     >>> class WeightNorm:
