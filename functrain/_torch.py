@@ -18,8 +18,9 @@ Sections:
     pytrees               `torch.utils._pytree` registration       state
     aten kernels          `aten._scaled_dot_product_*_attention`   algorithms
     device meshes         `DeviceMesh._flatten`, `_pg_registry`    parallel
-    torch bugs            `torch.distributed.nn.functional` binds  parallel (teardown)
-                          `group.WORLD` as a default argument
+    torch bugs            `torch.distributed.nn.functional` binds  parallel (teardown),
+                          `group.WORLD` as a default argument;     checkpoint
+                          `ProcessGroup._get_backend` (< 2.8)
     torch releases        `distribute_tensor(src_data_rank=)`,     tests, parallel (teardown)
                           gloo's worker thread names
 
@@ -112,10 +113,7 @@ def foreach_norm(xs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def foreach_clone(xs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Copies of `xs`. `torch._foreach_clone` is missing from torch 2.6: there, one clone each."""
-    clone = getattr(torch, "_foreach_clone", None)
-    if clone is None:
-        return [x.clone() for x in xs]
-    return list(clone(xs))
+    return list(foreach("clone")(xs))
 
 
 # --- fused optimizer kernels (optim) -------------------------------------------------------
@@ -290,15 +288,14 @@ def release_mesh_groups(mesh: Any) -> None:
         registry.clear()
 
 
-# --- torch bugs worked around (parallel) ---------------------------------------------------
+# --- torch bugs worked around (parallel, checkpoint) -----------------------------------------
 # `torch.distributed.nn.functional` declares `def broadcast(tensor, src, group=group.WORLD)`
 # and so on (torch/distributed/nn/functional.py): `group.WORLD` is evaluated when the module is
 # imported. Imported after `init_process_group` (DTensor's constructor imports it through
 # torch._dynamo), each default is the default process group object itself, which then can never
 # be freed: its gloo worker threads outlive `destroy_process_group` into interpreter exit, where
 # one can abort the process. The defaults date from the module's introduction
-# (https://github.com/pytorch/pytorch/pull/40762) and are unchanged in
-# https://github.com/pytorch/pytorch/blob/main/torch/distributed/nn/functional.py.
+# (https://github.com/pytorch/pytorch/pull/40762) and are unchanged on main.
 # `tests/test_torch_private.py::test_world_default_still_bound` shows it still happens.
 
 WORLD_DEFAULTS_MODULE = "torch.distributed.nn.functional"
@@ -333,6 +330,25 @@ def release_world_defaults() -> None:
         )
 
 
+# Before torch 2.8 (https://github.com/pytorch/pytorch/pull/154976) a `ProcessGroup`'s binding
+# keeps the GIL in its destructor, which destroys its gloo backend, which takes the mutex a gloo
+# worker holds while it frees its last collective's tensors, which needs the GIL: deadlock (2.6).
+# The backend's binding releases the GIL: hold the backends while the groups go, then drop them.
+
+
+def live_groups() -> list[Any]:
+    """Every process group torch has made and not destroyed (the default group included)."""
+    return list(torch.distributed.distributed_c10d._world.pg_map)
+
+
+def group_backends(groups: list[Any]) -> list[Any]:
+    """The backends of `groups`: held, no group's destructor destroys them; clearing the list
+    once the groups are gone destroys them with the GIL released. Example:
+        >>> held = group_backends([g]); dist.destroy_process_group(g); del g; held.clear()
+    """
+    return [group._get_backend(device) for group in groups for device in group._device_types]
+
+
 # --- differences between torch releases (tests, parallel) ----------------------------------
 # Public behaviour that changed inside the declared range (oldest: 2.6; docs/torch_versions.md
 # lists the releases the core tests ran on). Each answer is the same on every release.
@@ -340,19 +356,16 @@ def release_world_defaults() -> None:
 
 def distribute_from_every_rank(tensor: torch.Tensor, mesh: Any, placements) -> Any:
     """`tensor`, held whole by every rank of `mesh`, as a DTensor: each rank keeps its own piece
-    of its own copy, with no communication.
-
-    `distribute_tensor(..., src_data_rank=None)` says this from torch 2.7; torch 2.6 has no
-    `src_data_rank` and always scatters rank 0's copy (which gloo cannot do for float8). There,
-    each rank cuts its piece itself.
+    of its own copy, with no communication (`distribute_tensor(..., src_data_rank=None)` from
+    torch 2.7; torch 2.6 always scatters rank 0's copy, which gloo cannot do for float8: there,
+    each rank cuts its piece itself).
 
     Args:
         tensor: the whole tensor (the same on every rank).
         mesh: the device mesh.
         placements: one placement per mesh dim (`Shard(d)`, `Replicate()`).
     Returns:
-        the DTensor.
-    Example:
+        the DTensor. Example:
         >>> w = distribute_from_every_rank(torch.ones(4, 2), mesh, [Shard(0)])
     """
     from torch.distributed.tensor import distribute_tensor
@@ -378,14 +391,10 @@ def cut_from_every_rank(tensor: torch.Tensor, mesh: Any, placements) -> Any:
 def gloo_worker_thread_name() -> str | None:
     """The name torch gives each gloo worker thread, or None where it leaves them unnamed.
 
-    Unnamed, they carry the process's own name and cannot be told from other threads. torch
-    names them since https://github.com/pytorch/pytorch/pull/169979 (December 2025). Measured:
-    2.6.0 leaves them unnamed; 2.13.0 and 2.14.1 name them. The releases between are not
-    claimed: None makes a caller say it cannot tell, never that no worker is alive.
-
-    Example:
-        >>> gloo_worker_thread_name()   # torch 2.13
-        'pt_gloo_runloop'
+    Unnamed, they carry the process's name. torch names them since
+    https://github.com/pytorch/pytorch/pull/169979 (December 2025); measured: 2.6.0 unnamed,
+    2.13.0 and 2.14.1 named, the releases between not claimed (None: "cannot tell").
+    Example: `gloo_worker_thread_name()` is 'pt_gloo_runloop' on torch 2.13.
     """
     major, minor = (int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
     return "pt_gloo_runloop" if (major, minor) >= (2, 13) else None

@@ -218,3 +218,43 @@ def test_the_watchdog_ends_a_stuck_teardown_with_the_runs_exit_code(tmp_path):
         "functrain: teardown still closing checkpoint managers and other exit callbacks after 1 s"
         in proc.stderr
     )
+
+
+DESTROY_AFTER_COLLECTIVE = textwrap.dedent(
+    """
+    import faulthandler, sys
+    import torch
+    import torch.distributed as dist
+    from functrain import parallel as fdist
+    from functrain.checkpoint.background import BackgroundWriter
+
+    faulthandler.dump_traceback_later(150, exit=True)   # a hang fails with every thread's stack
+    fdist.init_distributed(timeout_s=60)
+    for _ in range(int(sys.argv[1])):
+        writer = BackgroundWriter(async_save=True)       # makes its own gloo group
+        dist.all_reduce(torch.ones(256), group=writer.group)   # only gloo holds it at the end
+        writer.close()                                   # destroys the group at once
+    dist.all_reduce(torch.ones(256))   # and the exit hook destroys the default group right after
+    print("closed", sys.argv[1], flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_groups_destroyed_right_after_a_collective_on_a_temporary(tmp_path):
+    """A gloo group destroyed while a worker still frees the last collective's tensor: before
+    torch 2.8 the group's destructor kept the GIL that the worker needs (a deadlock within a
+    few dozen tries on torch 2.6); functrain drops the groups' backends last, GIL released
+    (`functrain._torch.group_backends`), in `BackgroundWriter.close` and at exit."""
+    script = tmp_path / "destroy.py"
+    script.write_text(DESTROY_AFTER_COLLECTIVE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "functrain.launch", "-n", "2", str(script), "200"],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("closed 200") == 2, proc.stdout[-2000:]

@@ -26,12 +26,12 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from .. import _torch
 from .errors import CheckpointError
 from .staging import Staged, dist_info, stage
 
@@ -114,13 +114,15 @@ class BackgroundWriter:
             self._executor.shutdown(wait=True)
             self._executor = None
         if self._own_group and torch.distributed.is_initialized():
-            # Hand the GIL to a gloo worker still releasing the last collective's tensors:
-            # torch 2.6 joins its workers in the group's destructor with the GIL held, so a
-            # worker waiting for it deadlocks the join (1 close in 2 hung on 2 ranks there).
-            time.sleep(0.05)
+            # The group's backends go last, with the GIL released: before torch 2.8 the group's
+            # own destructor keeps the GIL while it joins gloo's workers, and a worker still
+            # freeing the last collective's tensors waits for it (`_torch.group_backends`).
+            backends = _torch.group_backends([self.group])
             torch.distributed.destroy_process_group(self.group)
-        if self._own_group:
             self.group = None  # a group still referenced is never freed (its threads live)
+            backends.clear()
+        if self._own_group:
+            self.group = None
             self._own_group = False
 
     def _close_at_exit(self) -> None:

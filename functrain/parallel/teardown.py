@@ -24,11 +24,14 @@ remembered (weakly) with `release_at_exit`, so no heap walk is needed to find it
 1. runs the exit callbacks functrain registered (`on_exit`: checkpoint managers wait for the save
    in flight, stop their writer thread and destroy their own group);
 2. destroys every process group (sub-groups first, then the default group; the store goes with
-   them);
+   them), holding each group's backends meanwhile;
 3. drops the references torch itself keeps (the registries of the meshes given to
-   `release_at_exit`, the captured defaults) and collects garbage, so each group's destructor
-   joins its worker threads;
-4. if gloo workers still live (a group the user still holds), waits with the GIL released until
+   `release_at_exit`, the captured defaults) while a destroyed group is still referenced;
+4. drops the held backends: each one no group holds any more is destroyed now, joining its
+   worker threads with the GIL released (before torch 2.8 a group's own destructor keeps the
+   GIL and can deadlock with a worker still freeing the last collective's tensors: see
+   `functrain._torch.group_backends`); if gloo workers still live, collects garbage once;
+5. if gloo workers still live (a group the user still holds), waits with the GIL released until
    they are idle (bounded), so none is mid-release when finalization starts.
 
 At exit a watchdog bounds the whole: if teardown is still waiting after `FUNCTRAIN_EXIT_TIMEOUT`
@@ -170,9 +173,13 @@ def _teardown(watchdog: _Watchdog) -> None:
         watchdog.doing("closing checkpoint managers and other exit callbacks")
         _run_callbacks()
         watchdog.doing("destroying the process groups")
-        _destroy_groups()
+        groups, backends = _destroy_groups()
         watchdog.doing("releasing the groups torch still references")
-        _release_torch_references()
+        _release_torch_references(groups)
+        watchdog.doing("joining gloo's worker threads")
+        backends.clear()  # destroys each backend no group holds, with the GIL released
+        if gloo_worker_threads():
+            gc.collect()  # a group in a reference cycle
         watchdog.doing("waiting for gloo's worker threads to go idle")
         _quiesce_gloo_workers(_QUIESCE_S)
     finally:
@@ -201,23 +208,36 @@ def _distributed_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _destroy_groups() -> None:
+def _destroy_groups() -> tuple[list[weakref.ref], list[Any]]:
+    """Destroy every process group; returns weak references to the groups and their backends
+    (held: no group's destructor destroys a backend, see `_torch.group_backends`)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        # With group=None torch destroys every group, newest first, then the default group.
-        dist.destroy_process_group()
+    from .. import _torch
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [], []
+    groups = _torch.live_groups()
+    try:
+        backends = _torch.group_backends(groups)
+    except (AttributeError, RuntimeError):  # a group torch did not make (a Python subclass)
+        backends = []
+    refs = [weakref.ref(group) for group in groups]
+    del groups
+    # With group=None torch destroys every group, newest first, then the default group.
+    dist.destroy_process_group()
+    return refs, backends
 
 
-def _release_torch_references() -> None:
-    """Drop the references torch keeps to destroyed groups, so their destructors run now.
+def _release_torch_references(groups: list[weakref.ref]) -> None:
+    """Drop the references torch keeps to the destroyed `groups`, so their destructors run now.
 
-    Each step runs only while gloo workers remain: a freed group has joined its workers.
+    Each step runs only while one of them is still referenced.
     """
     from .. import _torch
 
     for release in (_torch.release_world_defaults, _release_meshes, gc.collect):
-        if gloo_worker_threads() == []:
+        if all(ref() is None for ref in groups):
             return
         release()
 
