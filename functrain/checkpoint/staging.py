@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -61,14 +62,79 @@ def dist_info(group=None) -> tuple[int, int]:
     return 0, 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    """What a save needs of a pytree's structure, independent of its leaves' values.
+
+    Attributes:
+        paths: every leaf's path as strings, in flatten order.
+        key_types: orbax's key type per path entry (`layout.KEY_SEQUENCE`/`KEY_MAPPING`).
+        empty_nodes: `(path, key_types, kind)` of the empty containers (see `empty_nodes`).
+    """
+
+    paths: tuple[tuple[str, ...], ...]
+    key_types: tuple[tuple[int, ...], ...]
+    empty_nodes: tuple[tuple[tuple[str, ...], tuple[int, ...], str], ...]
+
+
+def structure(treedef: Any, text: str) -> Structure:
+    """The `Structure` of the pytrees of `treedef` (`text` is `str(treedef)`).
+
+    A function of its arguments only, so it is memoized by them: a run saves one structure over
+    and over, and walking it costs ~10 us per leaf (the text is part of the key because treedefs
+    compare dict keys by value: `{1: x}` equals `{True: x}` but names its leaf "True").
+
+    Example:
+        >>> leaves, treedef = optree.tree_flatten({"a": 1, "b": []}, namespace=NAMESPACE)
+        >>> structure(treedef, str(treedef)).empty_nodes
+        ((('b',), (2,), 'List'),)
+    """
+    try:
+        return _memoized_structure(treedef, text)
+    except TypeError:  # a custom node whose metadata is not hashable: nothing to key a memo by
+        return _walk_structure(treedef)
+
+
+@functools.lru_cache(maxsize=16)
+def _memoized_structure(treedef: Any, text: str) -> Structure:
+    return _walk_structure(treedef)
+
+
+def _walk_structure(treedef: Any) -> Structure:
+    paths, key_types, empty = [], [], []
+    # (spec, entries on the way to it), depth first in flatten order
+    stack: list[tuple[Any, tuple]] = [(treedef, ())]
+    while stack:
+        spec, entries = stack.pop()
+        if spec.is_leaf():
+            paths.append(tuple(key_to_str(e) for e in entries))
+            key_types.append(tuple(_key_type(e) for e in entries))
+            continue
+        if spec.num_children == 0:
+            if entries:  # (an empty root is no entry of anything)
+                path = tuple(key_to_str(e) for e in entries)
+                empty.append((path, tuple(_key_type(e) for e in entries), _empty_kind(spec)))
+            continue
+        children = spec.children()
+        accessors = spec.one_level().accessors()  # one entry per child, of optree's own kinds
+        for child, accessor in reversed(list(zip(children, accessors))):
+            stack.append((child, (*entries, accessor[0])))
+    return Structure(tuple(paths), tuple(key_types), tuple(empty))
+
+
+def _empty_kind(spec) -> str:
+    if spec.kind == optree.PyTreeKind.NONE:
+        return "None"
+    if issubclass(spec.type, tuple):
+        return "Tuple"
+    return "List" if issubclass(spec.type, list) else "Dict"
+
+
 def leaf_paths(tree: Any) -> tuple[list, list[tuple[str, ...]], list[tuple[int, ...]], Any]:
     """`(leaves, paths, key_types, treedef)` of a pytree, paths as tuples of strings."""
-    accessors, leaves, treedef = optree.tree_flatten_with_accessor(tree, namespace=NAMESPACE)
-    paths, key_types = [], []
-    for accessor in accessors:
-        paths.append(tuple(key_to_str(e) for e in accessor))
-        key_types.append(tuple(_key_type(e) for e in accessor))
-    return leaves, paths, key_types, treedef
+    leaves, treedef = optree.tree_flatten(tree, namespace=NAMESPACE)
+    found = structure(treedef, str(treedef))
+    return leaves, list(found.paths), list(found.key_types), treedef
 
 
 def empty_nodes(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], str]]:
@@ -78,22 +144,8 @@ def empty_nodes(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], str]]
     middle entry is empty (an optimizer chain with a stateless transform) has a hole orbax
     cannot rebuild.
     """
-
-    def is_empty(node) -> bool:
-        spec = optree.tree_structure(node, namespace=NAMESPACE)
-        return not spec.is_leaf() and spec.num_children == 0
-
-    accessors, nodes, _ = optree.tree_flatten_with_accessor(
-        tree, is_leaf=is_empty, namespace=NAMESPACE
-    )
-    out = []
-    for accessor, node in zip(accessors, nodes):
-        if accessor and is_empty(node):
-            kind = "None" if node is None else "List" if isinstance(node, list) else "Dict"
-            kind = "Tuple" if isinstance(node, tuple) else kind
-            path = tuple(key_to_str(e) for e in accessor)
-            out.append((path, tuple(_key_type(e) for e in accessor), kind))
-    return out
+    treedef = optree.tree_structure(tree, namespace=NAMESPACE)
+    return list(structure(treedef, str(treedef)).empty_nodes)
 
 
 def _key_type(entry) -> int:
@@ -123,7 +175,9 @@ def stage(
         the `Staged` state.
     """
     rank, world = dist_info(group)
-    leaves, paths, key_types, treedef = leaf_paths(state)
+    leaves, treedef = optree.tree_flatten(state, namespace=NAMESPACE)
+    text = str(treedef)
+    found = structure(treedef, text)  # the one walk of the tree's structure in a save
     if treedef.num_nodes == 1 and leaves:
         raise CheckpointError(
             "save expects a pytree such as a TrainState or a dict; wrap a lone tensor as "
@@ -131,7 +185,7 @@ def stage(
         )
     staged, seen, nbytes = [], set(), 0
     device_copies: list[torch.Tensor] = []
-    for leaf, path, types in zip(leaves, paths, key_types):
+    for leaf, path, types in zip(leaves, found.paths, found.key_types):
         record = layout.LeafRecord(path=path, key_types=types, kind="")
         layout.check_key(record.key, "saving")
         if record.key in seen:
@@ -154,13 +208,13 @@ def stage(
     step = getattr(state, "step", None)
     return Staged(
         leaves=staged,
-        treedef=str(treedef),
+        treedef=text,
         step=int(step) if isinstance(step, int) else None,
         timestamp=timestamp if isinstance(timestamp, dict) else None,
         rank=rank,
         world_size=world,
         nbytes=nbytes,
-        empty_nodes=empty_nodes(state) if rank == 0 else [],
+        empty_nodes=list(found.empty_nodes) if rank == 0 else [],
     )
 
 

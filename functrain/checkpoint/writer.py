@@ -202,26 +202,28 @@ def _write_arrays(
             )
             arrays.append((scalar, StagedLeaf(scalar, (), value)))
             scalar_arrays.add(record.key)
+    metadata: dict[str, bytes] = {}  # rank 0: every zarr.json, by file name
+    as_json: dict[str, dict] = {}  # ... and its content, by key (a consolidated save's arrays)
     if staged.rank == 0:
-        encoded: dict[tuple, bytes] = {}  # leaves of one shape share their zarr.json bytes
-        metadata = {}
+        encoded: dict[tuple, tuple[dict, bytes]] = {}  # leaves of one shape share their zarr.json
         for r, _ in arrays:
             like = (r.dtype, r.shape, r.chunks)
             if like not in encoded:
-                encoded[like] = verify.encode(verify.array_metadata(r))
-            metadata[layout.array_metadata_file(r.key)] = encoded[like]
-        if consolidated:  # written while the arrays are: waited for with them, below
-            finish_metadata = array_store.start_writes(unsynced, metadata)
-        else:
-            _result_of(
-                lambda: storage.write_many(unsynced, metadata), work.url, "writing metadata of"
-            )
+                content = verify.array_metadata(r)
+                encoded[like] = (content, verify.encode(content))
+            as_json[r.key], metadata[layout.array_metadata_file(r.key)] = encoded[like]
         files.update({name: layout.digest(data) for name, data in metadata.items()})
+    if consolidated:  # a single rank: rank 0 writes everything, in one transaction
+        items = [(r.key, as_json[r.key], i.region, i.data) for r, i in arrays if i.data is not None]
+        _result_of(lambda: array_store.write_all(unsynced, metadata, items), work.url, "writing")
+        return
+    if metadata:
+        _result_of(lambda: storage.write_many(unsynced, metadata), work.url, "writing metadata of")
     pending = []  # (url, future, item) so an error names the array it hit
     for record, item in arrays:
         if item.data is None:
             continue
-        spec = array_spec(unsynced, record, consolidated)
+        spec = array_spec(unsynced, record)
         future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
         pending.append((work.file_url(record.key), future, item))
     writes = []
@@ -233,8 +235,6 @@ def _write_arrays(
         writes.append((url, write))
     for url, future in writes:
         _result(future, url, "writing")
-    if staged.rank == 0 and consolidated:
-        _result_of(finish_metadata, work.url, "writing metadata of")
     if staged.rank != 0:
         _make_durable(work)
 

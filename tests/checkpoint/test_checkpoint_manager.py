@@ -238,7 +238,7 @@ _KILLED_SAVER = textwrap.dedent(
     """
     import sys, time, torch
     import functrain
-    from functrain.checkpoint import Manager, writer
+    from functrain.checkpoint import Manager, array_store, writer
 
     def state(step, n):
         params = {f"w{i}": torch.full((64, 64), float(step)) for i in range(n)}
@@ -258,6 +258,12 @@ _KILLED_SAVER = textwrap.dedent(
             time.sleep(60)
         return results(future, url, what)
     writer._result = slow_result
+    write_all = array_store.write_all
+    def slow_write_all(*args):  # a consolidated save: stall once its arrays are written
+        write_all(*args)
+        print("midway", flush=True)
+        time.sleep(60)
+    array_store.write_all = slow_write_all
     manager.save(state(2, 40))
     manager.wait()
     print("finished", flush=True)
