@@ -25,7 +25,7 @@ import optree
 import tensorstore as ts
 import torch
 
-from . import array_store, layout, memory, storage, verify
+from . import array_store, layout, local_chunks, memory, storage, verify
 from .description import Description, check_digest, describe
 from .errors import (
     CheckpointCorruptError,
@@ -198,22 +198,39 @@ def _read_all(desc: Description, jobs: list, *, inplace: bool) -> dict:
     ]
     if whole:
         memory.check_fits_in_memory(whole)
-    opening = []
-    for job_id, like_leaf, record, url in arrays:
-        spec = desc.array_spec(record, metadata[record.key])
-        future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
-        opening.append((job_id, like_leaf, record, url, future))
-    reading = []
-    for job_id, like_leaf, record, url, future in opening:
-        array = _array(future, url)
-        region = region_for(like_leaf, record.key) if isinstance(like_leaf, torch.Tensor) else ()
-        dtype, _ = verify.metadata_dtype_shape(metadata[record.key])
-        reading.append((job_id, like_leaf, record, url, dtype, array[region].read()))
-    for job_id, like_leaf, record, url, dtype, future in reading:
-        data = _array(future, url)
+    regions = [
+        region_for(like_leaf, record.key) if isinstance(like_leaf, torch.Tensor) else ()
+        for _, like_leaf, record, _ in arrays
+    ]
+    # Local arrays in functrain's own format are read directly (local_chunks); tensorstore
+    # reads the rest (object stores, OCDBT, orbax's codecs), concurrently with them.
+    direct = [
+        not desc.consolidated and local_chunks.direct(desc.loc, metadata[record.key])
+        for _, _, record, _ in arrays
+    ]
+    opening = {
+        i: ts.open(
+            desc.array_spec(record, metadata[record.key]),
+            open=True,
+            assume_metadata=True,
+            context=storage.CONTEXT,
+        )
+        for i, (_, _, record, _) in enumerate(arrays)
+        if not direct[i]
+    }
+    reading = {i: _array(future, arrays[i][3])[regions[i]].read() for i, future in opening.items()}
+    fast = [i for i in range(len(arrays)) if direct[i]]
+    read = local_chunks.read_arrays(
+        desc.loc,
+        [(arrays[i][2].key, arrays[i][3], metadata[arrays[i][2].key], regions[i]) for i in fast],
+    )
+    loaded = dict(zip(fast, read))
+    for i, (job_id, like_leaf, record, url) in enumerate(arrays):
+        data = loaded[i] if direct[i] else _array(reading[i], url)
         if record.kind == "scalar-array":
             values[job_id] = python_scalar(data, like_leaf, record, url)
             continue
+        dtype, _ = verify.metadata_dtype_shape(metadata[record.key])
         values[job_id] = to_tensor(data, dtype, like_leaf, inplace, url)
     return values
 
