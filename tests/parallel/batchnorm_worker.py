@@ -9,14 +9,18 @@
 - `sync`: the example's CNN made `sync_batchnorm`, trained 2-rank DDP on half the global batch
   each, equals one process on the global batch (within 1e-5), parameters and running statistics.
 
-`--no-broadcast` turns off the per-step broadcast of buffers (the fix of issue 30.1), to show
-that `resume` then fails: rank 1 evaluates with statistics its checkpoint does not hold.
+- `resume_no_broadcast`: `resume` with the per-step broadcast of buffers (the fix of issue 30.1)
+  turned off, to show that its check then fails: rank 1 evaluates with statistics its checkpoint
+  does not hold. (`--no-broadcast` turns the broadcast off for every scenario.)
+
+All three run in one launch (each launch costs every rank a fresh torch and functrain import).
 Rank 0 writes `{scenario: numbers}` as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -62,6 +66,24 @@ def gathered(tensors: dict) -> list[dict]:
 def leaves(state) -> dict:
     """The state's parameters (whole) and buffers, as plain tensors."""
     return {**fdist.full_params(state.params), **state.buffers}
+
+
+@contextlib.contextmanager
+def without_buffer_broadcast():
+    """Each rank keeps its own running statistics, as before the fix of issue 30.1."""
+    from functrain.parallel import buffers
+
+    broadcast = buffers.broadcast_buffers
+    buffers.broadcast_buffers = lambda b, layout: b
+    try:
+        yield
+    finally:
+        buffers.broadcast_buffers = broadcast
+
+
+def scenario_resume_no_broadcast(work: str) -> dict:
+    with without_buffer_broadcast():
+        return scenario_resume(work)
 
 
 def scenario_resume(work: str) -> dict:
@@ -142,7 +164,11 @@ def scenario_sync(work: str) -> dict:
     return {"max_error": error, "moved": moved, "names": sorted(got)}
 
 
-SCENARIOS = {"resume": scenario_resume, "sync": scenario_sync}
+SCENARIOS = {
+    "resume": scenario_resume,
+    "sync": scenario_sync,
+    "resume_no_broadcast": scenario_resume_no_broadcast,
+}
 
 
 def main(argv=None) -> int:
@@ -153,15 +179,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-broadcast", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.no_broadcast:
-        from functrain.parallel import buffers
-
-        buffers.broadcast_buffers = lambda b, layout: b
     rank, _ = fdist.init_distributed(timeout_s=120)
     results = {}
-    for name, fn in SCENARIOS.items():
-        if not args.only or name in args.only:
-            results[name] = fn(os.path.join(args.dir, name))
+    with without_buffer_broadcast() if args.no_broadcast else contextlib.nullcontext():
+        for name, fn in SCENARIOS.items():
+            if not args.only or name in args.only:
+                results[name] = fn(os.path.join(args.dir, name))
     return finish_worker(rank, args.out, results)
 
 
