@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -63,19 +64,24 @@ def oldest_declared(pyproject: Path = ROOT / "pyproject.toml") -> str:
 
 
 def ensure_venv(version: str, venvs: Path) -> Path:
-    """A venv with torch==`version` and the project installed; returns its python."""
+    """A venv with torch==`version` and the project installed; returns its python.
+
+    The project is installed again when pyproject.toml changed since (a new dependency).
+    """
     home = venvs / f"torch-{version}"
     python = home / "bin" / "python"
     marker = home / ".functrain-installed"
-    if marker.exists():
+    project = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    if marker.exists() and marker.read_text().split()[1:] == [project]:
         return python
-    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run(pip + [f"torch=={version}"], check=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(home)], check=True)
+        subprocess.run(pip + [f"torch=={version}"], check=True)
     # The same torch stays pinned while the project's extras resolve.
     (home / "constraints.txt").write_text(f"torch=={version}\n")
     subprocess.run(pip + ["-c", str(home / "constraints.txt"), "-e", f"{ROOT}[test]"], check=True)
-    marker.write_text(version)
+    marker.write_text(f"{version} {project}")
     return python
 
 
