@@ -210,12 +210,15 @@ class _Recomputed(StandIn):
         super().__init__(inner)
         object.__setattr__(self, "make_contexts", context_fn)
         object.__setattr__(self, "run", run)  # the step's ForwardRun (None: nothing to redo)
+        # Decided here, outside any compiled region (a plain bool for dynamo to guard on): a
+        # module that gathers its parameters at use cannot be traced (see `forward`).
+        object.__setattr__(self, "traceable", run is None or run.gathered_at_use is None)
 
     def forward(self, *args, **kwargs):
         inner = self.inner
         if not torch.is_grad_enabled():  # evaluation: nothing to save, nothing to recompute
             return inner(*args, **kwargs)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and self.traceable:
             # compile_step: AOTAutograd recomputes inside the compiled backward, with the graph's
             # own inputs; the tensors and hooks of the eager path are not needed (or traceable).
             if self.make_contexts is None:
@@ -223,6 +226,16 @@ class _Recomputed(StandIn):
             return torch_checkpoint.checkpoint(
                 inner, *args, use_reentrant=False, context_fn=self.make_contexts, **kwargs
             )
+        return self._eager(*args, **kwargs)
+
+    @torch.compiler.disable
+    def _eager(self, *args, **kwargs):
+        """The checkpoint of the eager step, never traced. Under `compile_step` the gathers at
+        use break dynamo's trace of the block, and dynamo then runs torch's checkpoint eagerly
+        from the traced branch: its recomputation, in the backward pass, ran with the model's
+        own tensors in the slots (the forward's are gone by then) and without the gathering
+        hooks ("native_layer_norm got mixed torch.Tensor and DTensor"). Here it gets both."""
+        inner = self.inner
         tensors = _module_tensors(inner)
         run = self.run
         make_contexts = self.make_contexts

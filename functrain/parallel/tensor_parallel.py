@@ -13,6 +13,11 @@ gives each styled Linear its parallel `forward`, and takes it away after, so the
 untouched outside a step. Model code must size head views from the tensors
 (`q.view(B, T, -1, head_dim)`), since a rank holds `n_heads / tp` heads.
 
+Under `compile_step` the parallel forwards are traced with the model: dynamo turns each
+collective into a functional collective of the compiled graph (forward and AOTAutograd's
+backward), so the step compiles to one graph and a checkpointed block recomputes them inside
+it. Those collectives run where no Python does, so they are not counted in `comm.COUNTER`.
+
 Example:
     >>> styles = resolve_tp_styles(model, "auto")   # {"blocks.0.attn.q": "colwise", ...}
     >>> with parallel_forwards(model, styles, mesh["tp"].get_group()):
@@ -23,11 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import functools
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import comm
@@ -36,6 +41,9 @@ if TYPE_CHECKING:  # DTensor's module is imported where a placement is made
     from torch.distributed.tensor import Replicate, Shard
 
 STYLES = ("colwise", "rowwise", "colwise_gather")
+
+# torch >= 2.13 renamed the tensor collectives (as in `comm`); older releases only have the old
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # Leaf names the "auto" plan recognises (HF Llama/GPT-NeoX/BERT, torchtitan, nanoGPT's MLP, ...).
 # A fused QKV projection cannot be split by rows (q, k and v would land on different ranks), so
@@ -148,8 +156,7 @@ def parallel_forwards(model: torch.nn.Module, styles: Mapping[str, str], group) 
     for name, style in styles.items():
         module = modules[name]
         saved.append((module, module.__dict__.get("forward")))
-        run = _rowwise_forward if style == "rowwise" else _colwise_forward
-        module.forward = functools.partial(run, module, style, group, shared)
+        module.forward = _instance_forward(module, style, group, shared)
     try:
         yield
     finally:
@@ -160,6 +167,18 @@ def parallel_forwards(model: torch.nn.Module, styles: Mapping[str, str], group) 
                 module.forward = own
 
 
+def _instance_forward(module: torch.nn.Linear, style: str, group, shared: _SharedCopy):
+    """`module`'s parallel forward for one run, as a closure rather than a partial: dynamo
+    guards a closure on its code (the same every step) and a partial on its identity (a new
+    one every step), so with a partial a compiled step recompiled on every call."""
+    run = _rowwise_forward if style == "rowwise" else _colwise_forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return run(module, style, group, shared, x)
+
+    return forward
+
+
 class _SharedCopy:
     """The last input given to a column-parallel layer and its `copy_to_tp` (one at most)."""
 
@@ -168,6 +187,13 @@ class _SharedCopy:
         self.last: tuple | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # Traced, each layer takes its own copy: remembering the last one mutates an object
+            # from outside the traced region, which dynamo refuses inside a checkpointed block
+            # ("HOP: Unsafe side effect"), falling back to an eager checkpoint. The backward
+            # then sums q, k and v's all-reduced gradients instead of all-reducing their sum
+            # (equal up to rounding; two more all-reduces per block in the compiled backward).
+            return copy_to_tp(x, self.group)
         grad = torch.is_grad_enabled()  # sharing is exact either way; keyed on the grad mode
         if self.last is not None and self.last[0] is x and self.last[1] == grad:
             return self.last[2]
@@ -197,7 +223,7 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        comm.all_reduce_(grad, ctx.group)
+        _all_reduce_(grad, ctx.group)
         return grad, None
 
 
@@ -207,7 +233,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         x = x.contiguous().clone()
-        comm.all_reduce_(x, group)
+        _all_reduce_(x, group)
         return x
 
     @staticmethod
@@ -222,14 +248,35 @@ class _GatherFromTP(torch.autograd.Function):
     def forward(ctx, x, group):
         n = comm.group_size(group)
         ctx.group, ctx.n, ctx.width = group, n, x.shape[-1]
-        out = x.new_empty((n,) + tuple(x.shape))
-        comm.all_gather_into(out, x.contiguous(), group)
+        # flat on both sides: gloo checks each rank's chunk of the output against the input's
+        # shape, which an output of shape (n, *x.shape) fails ("invalid tensor size")
+        flat = x.contiguous().reshape(-1)
+        out = flat.new_empty(n * flat.numel())
+        if torch.compiler.is_compiling():  # see `_all_reduce_`
+            _all_gather_single(out, flat, group=group)
+        else:
+            comm.all_gather_into(out, flat, group)
+        out = out.view((n,) + tuple(x.shape))
         return out.movedim(0, -2).reshape(x.shape[:-1] + (n * x.shape[-1],))
 
     @staticmethod
     def backward(ctx, grad):
         rank = torch.distributed.get_rank(ctx.group) if ctx.n > 1 else 0
         return grad.narrow(-1, rank * ctx.width, ctx.width).contiguous(), None
+
+
+def _all_reduce_(x: torch.Tensor, group) -> None:
+    """`comm.all_reduce_`, or, while dynamo traces, the bare collective it remaps into the graph.
+
+    Counting is host bookkeeping: traced inside an autograd function's forward, the counter's
+    float would be a value of that function's subgraph leaking into the outer graph (dynamo's
+    "Argument 'add' of Node 'scalar_tensor' does not belong to this Graph"), and a compiled
+    graph runs no Python per call to count with anyway.
+    """
+    if torch.compiler.is_compiling():
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+    else:
+        comm.all_reduce_(x, group)
 
 
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
