@@ -151,12 +151,12 @@ def parallel_forwards(model: torch.nn.Module, styles: Mapping[str, str], group) 
     modules = dict(model.named_modules())
     # q, k and v read the same input: one shared `copy_to_tp` turns their three backward
     # all-reduces into one (Megatron's single f per block). Kept for this run of the model only.
-    shared = _SharedCopy(group)
+    last: list = []
     saved = []
     for name, style in styles.items():
         module = modules[name]
         saved.append((module, module.__dict__.get("forward")))
-        module.forward = _instance_forward(module, style, group, shared)
+        module.forward = _instance_forward(module, style, group, last)
     try:
         yield
     finally:
@@ -167,47 +167,43 @@ def parallel_forwards(model: torch.nn.Module, styles: Mapping[str, str], group) 
                 module.forward = own
 
 
-def _instance_forward(module: torch.nn.Linear, style: str, group, shared: _SharedCopy):
+def _instance_forward(module: torch.nn.Linear, style: str, group, last: list):
     """`module`'s parallel forward for one run, as a closure rather than a partial: dynamo
-    guards a closure on its code (the same every step) and a partial on its identity (a new
-    one every step), so with a partial a compiled step recompiled on every call."""
+    guards a closure on its code and on what its cells hold, the same objects every step
+    (`last` is a list, guarded by its contents, not its identity), and a partial on its
+    identity (a new one every step), with which a compiled step recompiled on every call."""
     run = _rowwise_forward if style == "rowwise" else _colwise_forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return run(module, style, group, shared, x)
+        return run(module, style, group, last, x)
 
     return forward
 
 
-class _SharedCopy:
-    """The last input given to a column-parallel layer and its `copy_to_tp` (one at most)."""
-
-    def __init__(self, group):
-        self.group = group
-        self.last: tuple | None = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            # Traced, each layer takes its own copy: remembering the last one mutates an object
-            # from outside the traced region, which dynamo refuses inside a checkpointed block
-            # ("HOP: Unsafe side effect"), falling back to an eager checkpoint. The backward
-            # then sums q, k and v's all-reduced gradients instead of all-reducing their sum
-            # (equal up to rounding; two more all-reduces per block in the compiled backward).
-            return copy_to_tp(x, self.group)
-        grad = torch.is_grad_enabled()  # sharing is exact either way; keyed on the grad mode
-        if self.last is not None and self.last[0] is x and self.last[1] == grad:
-            return self.last[2]
-        out = copy_to_tp(x, self.group)
-        self.last = (x, grad, out)
-        return out
+def _shared_copy(last: list, group, x: torch.Tensor) -> torch.Tensor:
+    """`copy_to_tp(x)`, the same one for the layers reading the same `x` in this run: `last`
+    holds the last input given to a column-parallel layer and its copy (empty at first)."""
+    if torch.compiler.is_compiling():
+        # Traced, each layer takes its own copy: remembering the last one mutates an object
+        # from outside the traced region, which dynamo refuses inside a checkpointed block
+        # ("HOP: Unsafe side effect"), falling back to an eager checkpoint. The backward
+        # then sums q, k and v's all-reduced gradients instead of all-reducing their sum
+        # (equal up to rounding; two more all-reduces per block in the compiled backward).
+        return copy_to_tp(x, group)
+    grad = torch.is_grad_enabled()  # sharing is exact either way; keyed on the grad mode
+    if last and last[0] is x and last[1] == grad:
+        return last[2]
+    out = copy_to_tp(x, group)
+    last[:] = (x, grad, out)
+    return out
 
 
-def _colwise_forward(self: torch.nn.Linear, style, group, shared, x: torch.Tensor):
-    y = F.linear(shared(x), self.weight, self.bias)
+def _colwise_forward(self: torch.nn.Linear, style, group, last, x: torch.Tensor):
+    y = F.linear(_shared_copy(last, group, x), self.weight, self.bias)
     return gather_from_tp(y, group) if style == "colwise_gather" else y
 
 
-def _rowwise_forward(self: torch.nn.Linear, style, group, shared, x: torch.Tensor):
+def _rowwise_forward(self: torch.nn.Linear, style, group, last, x: torch.Tensor):
     y = reduce_from_tp(F.linear(x, self.weight), group)
     return y if self.bias is None else y + self.bias
 

@@ -18,6 +18,18 @@ So the compiled graph never sees the state: the loss piece takes `(model, batch)
 int or float that changes every step reaches a guard, and the step compiles **once** for a run
 (again only for a new batch shape, e.g. a short last batch or microbatch).
 
+Under a layout, what the forward run installs (`step.forward_run.ORDER`) is installed around
+the compiled region, as in the eager step, and traced where dynamo can:
+
+- tensor parallelism: the parallel forwards and their collectives are traced (also inside a
+  checkpointed block): one graph, equal to the eager step; the traced collectives are not
+  counted in `parallel.COUNTER`, and q, k and v reading one input each all-reduce their own
+  input gradient (equal up to rounding; see `parallel.tensor_parallel`);
+- gather at use (`fsdp(reshard_after_forward=True)`): the module hooks and the gathers are
+  not traceable; dynamo breaks the graph around them and retraces modules on later steps (the
+  hooks are registered anew for every forward), so such a step runs largely eagerly, with
+  the eager step's results. A checkpointed block there runs torch's checkpoint eagerly.
+
 Example:
     >>> fast = compile_step(make_step(model, loss_fn, optimizer))
     >>> state, metrics = fast(state, batch)    # the first call compiles
