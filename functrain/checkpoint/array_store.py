@@ -120,7 +120,8 @@ def _encoded_chunks(groups: list[tuple[dict, list]]) -> list[tuple[str, bytes]]:
         spec = {"driver": "zarr3", "metadata": stacked, "store_data_equal_to_fill_value": True}
         prefix = memory / f"{number}/"
         array = ts.open(spec, kvstore=prefix, create=True).result()
-        array.write(np.stack([data for _, data in items])).result()
+        stacked_data = np.stack([data for _, data in items])  # ours: no copy into tensorstore
+        array.write(stacked_data, can_reference_source_data_indefinitely=True).result()
         tail = "".join("/0" for _ in shape)  # a one-chunk array's chunk key: c/0/0, or c
         for i, (name, _) in enumerate(items):
             reads.append((f"{name}/c{tail}", prefix.read(f"c/{i}{tail}")))

@@ -25,6 +25,7 @@ import numpy as np
 import optree
 import torch
 
+from .._lazy import is_dtensor
 from ..tree import NAMESPACE, key_to_str
 from . import layout
 from .dtypes import to_numpy, zarr_name
@@ -237,8 +238,6 @@ def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:
 
 
 def _stage_tensor(tensor, record, rank, copy, buffers, device_copies) -> StagedLeaf:
-    from .._lazy import is_dtensor
-
     where = f"leaf {record.key!r}"
     if tensor.device.type == "meta":
         raise CheckpointError(f"{where} is a meta tensor (no data); materialize it before saving")
@@ -261,13 +260,20 @@ def _stage_tensor(tensor, record, rank, copy, buffers, device_copies) -> StagedL
         local = tensor.to_local() if writes else None
     else:
         offset, shape, writes = (0,) * tensor.dim(), record.shape, rank == 0
-        record.chunks = chunk_shape(record.shape, [offset], itemsize)
+        record.chunks = _whole_array_chunks(record.shape, itemsize)
         local = tensor if writes else None
     if local is None:
         return StagedLeaf(record)
     host = _to_host(local.detach(), record.key, copy, buffers, device_copies)
     region = tuple(slice(o, o + s) for o, s in zip(offset, shape))
     return StagedLeaf(record, region, to_numpy(host))
+
+
+@functools.lru_cache(maxsize=256)
+def _whole_array_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The chunk shape of an array written whole by one rank (a function of its arguments,
+    memoized: a state has few distinct shapes, and a save asks once per leaf)."""
+    return chunk_shape(shape, [(0,) * len(shape)], itemsize)
 
 
 def _placement_text(placement) -> str:

@@ -232,9 +232,12 @@ def _write_arrays(
         # No copy into tensorstore's buffers: the data is either staged (ours until the next
         # save) or the caller's tensors, which a synchronous save holds until committed.
         write = array[item.region].write(item.data, can_reference_source_data_indefinitely=True)
-        writes.append((url, write))
-    for url, future in writes:
+        writes.append((url, write, item.record.key))
+    flushes = work.is_local and work.fsync
+    for url, future, key in writes:
         _result(future, url, "writing")
+        if flushes:  # its pages go to disk while the later arrays are written (durable.py)
+            durable.start_writeback(os.path.join(work.local_path, key))
     if staged.rank != 0:
         _make_durable(work)
 
