@@ -45,6 +45,7 @@ CORE_SUBSET = [
     "tests/checkpoint/test_checkpoint_reader.py",
     "tests/checkpoint/test_checkpoint_resume.py",
 ]
+NOTES = "## Notes"  # docs/torch_versions.md keeps its text from this heading on
 # Outside the repository on purpose: a venv is gigabytes and must never be committed.
 DEFAULT_VENVS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "functrain-torch"
 
@@ -157,11 +158,17 @@ def main(argv: list[str]) -> int:
     out = ROOT / "bench" / "results" / "torch_versions.json"
     out.write_text(json.dumps({"subset": CORE_SUBSET, "rows": rows}, indent=2) + "\n")
     doc = ROOT / "docs" / "torch_versions.md"
+    # The hand-written notes below the table (from a "## Notes" heading on) survive a rerun.
+    old = doc.read_text() if doc.exists() else ""
+    notes = old[old.index(NOTES) :] if NOTES in old else ""
     doc.write_text(
         "# The torch versions the core suite was run on\n\n"
         "Written by `python -m bench torch_versions` (one venv per torch version, the core test "
         "subset in each: " + ", ".join(f"`{p}`" for p in CORE_SUBSET) + "). The range "
-        "`pyproject.toml` declares is the range in this table.\n\n" + table + "\n"
+        "`pyproject.toml` declares is the range in this table.\n\n"
+        + table
+        + "\n"
+        + ("\n" + notes if notes else "")
     )
     return 0 if all(r["failed"] == 0 and r["errors"] == 0 for r in rows) else 1
 
