@@ -209,15 +209,17 @@ def _timed(fn: Callable[[str], None], path: str) -> float:
     return time.perf_counter() - start
 
 
-def measure_io(variants: Variants, workdir: str, reps: int) -> dict[str, list[float]]:
-    """Seconds per repetition of every save and load variant, interleaved with rotating order."""
+def measure_io(
+    variants: Variants, workdir: str, reps: int, loads: bool = True
+) -> dict[str, list[float]]:
+    """Seconds per repetition of every save (and load) variant, interleaved, rotating order."""
     times: dict[str, list[float]] = {name: [] for name in [*SAVES, *LOADS.values()]}
     for rep in range(reps):
         order = SAVES[rep % len(SAVES) :] + SAVES[: rep % len(SAVES)]
         for name in order:
             path = os.path.join(workdir, f"{name}-{rep}")
             times[name].append(_timed(getattr(variants, name), path))
-            if name in LOADS:
+            if loads and name in LOADS:
                 times[LOADS[name]].append(_timed(getattr(variants, LOADS[name]), path))
             _remove(path)
     return times
@@ -297,8 +299,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--reshard-reps", type=int, default=3, help="repetitions of the 2 -> 3 reshard (0: skip)"
     )
+    parser.add_argument(
+        "--saves-only",
+        action="store_true",
+        help="only the save rows (big and small state): no loads, async, tiers or reshard",
+    )
     parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "checkpoint.json"))
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.saves_only:
+        return saves_only(args)
 
     state = build_state(args.mb, device=args.device)
     nbytes = tensor_bytes(state)
@@ -403,6 +412,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tiers": tiers,
     }
     print(f"\nwrote {write_json(args.out, payload)}")
+    return 0
+
+
+def saves_only(args) -> int:
+    """The save rows alone, for a quick look at save speed (a 1 GB state in minutes)."""
+    state = build_state(args.mb, device=args.device)
+    workdir = tempfile.mkdtemp(prefix="functrain-bench-ckpt-", dir=args.dir)
+    try:
+        variants, small = Variants(state), Variants(build_small_state())
+        times = measure_io(variants, workdir, args.reps, loads=False)
+        times.update(measure_small(small, workdir, args.small_reps or 3 * args.reps))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    median = {k: statistics.median(v) for k, v in times.items() if v}
+    rows = []
+    for key, seconds in median.items():
+        mb = small.mb if key.startswith("small_") else variants.mb
+        raw = None if key.startswith("small_") else mb / median["raw_save"]
+        rows.append([LABELS[key], seconds, mb / seconds, seconds / median[_torch_reference(key)]])
+        rows[-1].append(None if raw is None else (mb / seconds) / raw)
+    print(f"state: {variants.mb:.1f} MB in {len(variants.flat)} leaves; {args.reps} reps")
+    print(markdown_table(["variant", "median s", "MB/s", "time vs torch", "of raw disk"], rows))
+    big = median["functrain_save"] / median["torch_save_fsync"]
+    tiny = median["small_functrain_save"] / median["small_torch_save_fsync"]
+    print(f"\nsave / torch.save+fsync: {big:.3f} (goal <= 1.1)")
+    print(f"small save / torch.save+fsync: {tiny:.3f} (goal <= 2.0)")
     return 0
 
 
