@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import errno
 import itertools
@@ -59,10 +60,9 @@ def direct(loc: storage.Location, metadata: dict) -> bool:
     if dtype == "bool":
         return False
     little = {"configuration": {"endian": "little"}, "name": "bytes"}
-    first = little if numpy_dtype(dtype).itemsize > 1 else {"name": "bytes"}
-    return metadata["codecs"] == [first, {"name": "crc32c"}] and metadata["chunk_key_encoding"] == {
-        "name": "default"
-    }
+    codecs = [little if numpy_dtype(dtype).itemsize > 1 else {"name": "bytes"}, {"name": "crc32c"}]
+    default_keys = metadata["chunk_key_encoding"] == {"name": "default"}  # c/0/1, "/" between
+    return metadata["codecs"] == codecs and default_keys
 
 
 def read_arrays(
@@ -81,39 +81,53 @@ def read_arrays(
             crc32c digest (reason "chunk", or "unsafe" for a link or a special file).
         CheckpointStorageError: the disk failed or refused a read.
     """
-    results, tasks = [], []
+    results, plans, count = [], [], 0
     for key, url, meta, region in arrays:
-        shape, chunks = (
-            tuple(meta["shape"]),
-            tuple(meta["chunk_grid"]["configuration"]["chunk_shape"]),
-        )
+        shape = tuple(meta["shape"])
+        chunks = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
         bounds = [(s.start, s.stop) for s in region] if region else [(0, n) for n in shape]
         out = _allocate([hi - lo for lo, hi in bounds], numpy_dtype(meta["data_type"]))
         results.append(out)
-        if out.size == 0:
-            continue
-        per_dim = [range(lo // c, (hi - 1) // c + 1) for (lo, hi), c in zip(bounds, chunks)]
-        for index in itertools.product(*per_dim):
-            tasks.append((key, url, out, bounds, chunks, index))
-    if not tasks:
+        if out.size:
+            per_dim = [range(lo // c, (hi - 1) // c + 1) for (lo, hi), c in zip(bounds, chunks)]
+            plans.append((key, url, out, bounds, chunks, per_dim))
+            count += math.prod(len(r) for r in per_dim)
+    if not count:
         return results
+    # Chunks are handed out as workers free up: crafted metadata with millions of tiny chunks
+    # costs no memory before the first missing one fails the load.
+    tasks = (
+        (key, url, out, bounds, chunks, index)
+        for key, url, out, bounds, chunks, per_dim in plans
+        for index in itertools.product(*per_dim)
+    )
     step_fd = _open_step(loc)
     try:
-        workers = min(len(tasks), MAX_WORKERS)
-        if workers == 1:
-            _read_chunk(step_fd, *tasks[0])
-            return results
-        with concurrent.futures.ThreadPoolExecutor(workers, "functrain-load") as pool:
-            futures = [pool.submit(_read_chunk, step_fd, *task) for task in tasks]
-            try:
-                for future in futures:  # the first failure in order, as a serial read gives
-                    future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
+        _run(step_fd, tasks, min(count, MAX_WORKERS))
     finally:
         os.close(step_fd)
     return results
+
+
+def _run(step_fd: int, tasks, workers: int) -> None:
+    """Read every chunk of `tasks` on `workers` threads, at most two per worker queued; raise
+    the first failure in order."""
+    if workers == 1:
+        for task in tasks:
+            _read_chunk(step_fd, *task)
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, "functrain-load") as pool:
+        pending: collections.deque = collections.deque()
+        try:
+            for task in tasks:
+                pending.append(pool.submit(_read_chunk, step_fd, *task))
+                if len(pending) >= 2 * workers:
+                    pending.popleft().result()
+            while pending:
+                pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _allocate(shape: list[int], dtype: np.dtype) -> np.ndarray:
@@ -150,9 +164,8 @@ def _read_chunk(step_fd, key, url, out, bounds, chunks, index) -> None:
     if out.ndim == 0:
         target = out.reshape(1)
     whole = all(a == s and b == s + c for a, b, s, c in zip(lo, hi, start, chunks))
-    fd = _open_chunk(step_fd, key, name, url)
+    fd, size = _open_chunk(step_fd, key, name, url)
     try:
-        size = os.fstat(fd).st_size
         if size != nbytes + _CRC_BYTES:
             raise _corrupt(
                 url,
@@ -183,8 +196,9 @@ def _read_chunk(step_fd, key, url, out, bounds, chunks, index) -> None:
         np.copyto(target, values if out.ndim else values.reshape(1))
 
 
-def _open_chunk(step_fd: int, key: str, name: str, url: str) -> int:
-    """Open `key/name` below the checkpoint without following a link at any level."""
+def _open_chunk(step_fd: int, key: str, name: str, url: str) -> tuple[int, int]:
+    """Open `key/name` below the checkpoint without following a link at any level; return the
+    descriptor of the regular file and its size."""
     parts = [key, *name.split("/")]
     fd = step_fd
     for depth, part in enumerate(parts):
@@ -200,18 +214,18 @@ def _open_chunk(step_fd: int, key: str, name: str, url: str) -> int:
             os.close(fd)
         fd = child
     try:
-        mode = os.fstat(fd).st_mode
+        info = os.fstat(fd)
     except OSError as err:
         os.close(fd)
         raise _storage(url, name, err) from None
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise CheckpointCorruptError(
             f"{url}: chunk {name} is not a regular file (a FIFO, socket or device: reading it "
             "could block or read what is not the checkpoint); load another checkpoint",
             reason="unsafe",
         )
-    return fd
+    return fd, info.st_size
 
 
 def _read_exactly(fd: int, view: memoryview, url: str, name: str) -> None:

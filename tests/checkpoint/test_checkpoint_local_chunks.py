@@ -190,3 +190,13 @@ def test_load_reads_a_local_checkpoint_without_tensorstore(tmp_path, monkeypatch
     loaded = checkpoint.load(tmp_path / "ckpt", like={k: v * 0 for k, v in state.items()})
     assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["b"], state["b"])
     assert loaded["lr"] == 0.5
+
+
+def test_crafted_tiny_chunks_fail_at_the_first_missing_one(tmp_path):
+    """Metadata declaring ten million one-element chunks, none written: the load fails on the
+    first missing chunk (chunks are handed to the workers as they free up, not listed first)."""
+    meta = _meta((10**7,), (1,), "int8")
+    (tmp_path / "w" / "c").mkdir(parents=True)
+    loc = storage.resolve(str(tmp_path))
+    with pytest.raises(CheckpointCorruptError, match=r"chunk c/0 is missing"):
+        local_chunks.read_arrays(loc, [("w", str(tmp_path / "w"), meta, ())])
