@@ -127,14 +127,21 @@ def fused_optimizer_kernel(name: str) -> Callable[..., Any] | None:
     return getattr(torch, f"_fused_{name}_", None)
 
 
-def storage_use_count(storage: torch.UntypedStorage) -> int:
-    """How many tensors share `storage` (`tensor.untyped_storage()`; a donated buffer no one
-    else holds is 1).
+def storage_use_counter() -> Callable[[int], int]:
+    """`count(storage._cdata)`: how many tensors share a storage (`tensor.untyped_storage()`; a
+    donated buffer no one else holds is 1). The C function itself, no wrapper around it: the
+    buffer pool calls it for every tensor of a pure step's state, every step. `_cdata` is a raw
+    address: the caller holds the storage object while it counts.
 
     Why private: no public API tells whether a storage is shared; `torch._C._storage_Use_Count`
     is what torch's own `swap_tensors` checks.
+
+    Example:
+        >>> storage = torch.ones(2).untyped_storage()
+        >>> storage_use_counter()(storage._cdata)
+        1
     """
-    return int(torch._C._storage_Use_Count(storage._cdata))
+    return torch._C._storage_Use_Count
 
 
 # --- DTensor internals (parallel, step, checkpoint, optim) --------------------------------

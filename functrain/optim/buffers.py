@@ -39,6 +39,9 @@ from .. import _torch
 __all__ = ["BufferPool"]
 
 
+_STORAGE_USE_COUNT = _torch.storage_use_counter()  # torch's C function (no Python frame)
+
+
 def _counts(pool: list, index: int) -> tuple[int, int, int, int, int]:
     """Every reference count of `pool[index]`, as seen from inside this function: the Python
     object's references and weak references, the C++ tensor's references, its storage's C++
@@ -49,7 +52,7 @@ def _counts(pool: list, index: int) -> tuple[int, int, int, int, int]:
         sys.getrefcount(tensor),
         weakref.getweakrefcount(tensor),
         tensor._use_count(),
-        _torch.storage_use_count(storage),  # the storage fetched once: one C call less
+        _STORAGE_USE_COUNT(storage._cdata),  # the storage fetched once, counted in C
         sys.getrefcount(storage),
     )
 
