@@ -3,8 +3,10 @@
 `load(path, like=state)` rebuilds `like`'s pytree leaf by leaf. Each tensor leaf is read from its
 zarr3 array: a plain tensor whole, a DTensor only the box its own placements give this rank, so a
 checkpoint saved on any mesh loads on any other. Every chunk's crc32c is checked as it is read, and
-a missing chunk is an error rather than zeros. Checkpoints written by orbax-checkpoint (numpy
-arrays, with or without OCDBT) load the same way.
+a missing chunk is an error rather than zeros. On a local disk functrain's own arrays are read
+directly, many chunks at once, each straight into the result (`local_chunks`); tensorstore reads
+the rest. Checkpoints written by orbax-checkpoint (numpy arrays, with or without OCDBT) load the
+same way.
 
 The files are untrusted input: they are parsed as JSON and zarr metadata only (no pickle, nothing
 executes), leaf paths are checked not to escape the directory, and every mismatch with `like`
