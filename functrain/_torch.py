@@ -135,11 +135,7 @@ def storage_use_counter() -> Callable[[int], int]:
 
     Why private: no public API tells whether a storage is shared; `torch._C._storage_Use_Count`
     is what torch's own `swap_tensors` checks.
-
-    Example:
-        >>> storage = torch.ones(2).untyped_storage()
-        >>> storage_use_counter()(storage._cdata)
-        1
+    Example: `s = torch.ones(2).untyped_storage(); storage_use_counter()(s._cdata)` is 1.
     """
     return torch._C._storage_Use_Count
 
@@ -168,10 +164,8 @@ def dtensor_from_spec(local: torch.Tensor, mesh: Any, placements, shape, stride)
 
 def local_shape_and_offset(shape, mesh: Any, placements) -> tuple[tuple, tuple]:
     """`(local shape, global offset)` of this rank's piece of a tensor of `shape` placed so.
-
     Why private: the public `DTensor` answers it only for an existing tensor; a checkpoint
-    reader needs it before the tensor exists.
-    """
+    reader needs it before the tensor exists."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     return compute_local_shape_and_global_offset(shape, mesh, placements)
@@ -301,9 +295,8 @@ def release_mesh_groups(mesh: Any) -> None:
 # imported. Imported after `init_process_group` (DTensor's constructor imports it through
 # torch._dynamo), each default is the default process group object itself, which then can never
 # be freed: its gloo worker threads outlive `destroy_process_group` into interpreter exit, where
-# one can abort the process. The defaults date from the module's introduction
-# (https://github.com/pytorch/pytorch/pull/40762) and are unchanged on main.
-# `tests/test_torch_private.py::test_world_default_still_bound` shows it still happens.
+# one can abort the process. The defaults date from https://github.com/pytorch/pytorch/pull/40762
+# (unchanged on main; `tests/test_torch_private.py::test_world_default_still_bound`).
 
 WORLD_DEFAULTS_MODULE = "torch.distributed.nn.functional"
 
