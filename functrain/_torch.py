@@ -14,7 +14,8 @@ Sections:
     module internals      `Module._parameters/_buffers/_modules`,  step, parallel, algorithms
                           `Module._forward_pre_hooks`
     autograd engine       `torch._C._current_graph_task_id`,       parallel, callbacks, algorithms
-                          `_execution_engine.queue_callback`, functorch's interpreter stack
+                          `_execution_engine.queue_callback`, functorch's interpreter
+                          stack, whether `torch._dynamo` is loaded
     pytrees               `torch.utils._pytree` registration       state
     aten kernels          `aten._scaled_dot_product_*_attention`   algorithms
     device meshes         `DeviceMesh._flatten`, `_pg_registry`    parallel
@@ -202,7 +203,7 @@ def forward_pre_hooks(module: torch.nn.Module) -> list[Any]:
 # --- autograd engine (parallel, callbacks, algorithms) -------------------------------------
 # Why private: a reduction launched inside the backward pass must be finished when that pass
 # ends; only the engine's queue runs a callback then (DDP uses the same). No public API tells
-# whether a backward pass, or a torch.func transform, is running.
+# whether a backward pass, a torch.func transform or the compiler is running (or loaded).
 
 
 def in_backward_pass() -> bool:
@@ -223,6 +224,11 @@ def functorch_transforms_active() -> bool:
 def under_functorch_grad() -> bool:
     """True when a `torch.func` interpreter is on the stack (its grad has no saved-tensor hooks)."""
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def dynamo_loaded() -> bool:
+    """Whether torch's compiler is imported (asking `torch.compiler` would import it: seconds)."""
+    return "torch._dynamo" in sys.modules
 
 
 # --- pytrees (state) -----------------------------------------------------------------------
@@ -355,18 +361,11 @@ def group_backends(groups: list[Any]) -> list[Any]:
 
 
 def distribute_from_every_rank(tensor: torch.Tensor, mesh: Any, placements) -> Any:
-    """`tensor`, held whole by every rank of `mesh`, as a DTensor: each rank keeps its own piece
-    of its own copy, with no communication (`distribute_tensor(..., src_data_rank=None)` from
-    torch 2.7; torch 2.6 always scatters rank 0's copy, which gloo cannot do for float8: there,
-    each rank cuts its piece itself).
-
-    Args:
-        tensor: the whole tensor (the same on every rank).
-        mesh: the device mesh.
-        placements: one placement per mesh dim (`Shard(d)`, `Replicate()`).
-    Returns:
-        the DTensor. Example:
-        >>> w = distribute_from_every_rank(torch.ones(4, 2), mesh, [Shard(0)])
+    """`tensor` (whole, the same on every rank of `mesh`) as a DTensor with `placements`: each
+    rank keeps its own piece of its own copy, with no communication (`distribute_tensor(...,
+    src_data_rank=None)` from torch 2.7; torch 2.6 always scatters rank 0's copy, which gloo
+    cannot do for float8: there, each rank cuts its piece itself). Returns the DTensor.
+    Example: `w = distribute_from_every_rank(torch.ones(4, 2), mesh, [Shard(0)])`.
     """
     from torch.distributed.tensor import distribute_tensor
 

@@ -213,6 +213,11 @@ class _Recomputed(StandIn):
         # Decided here, outside any compiled region (a plain bool for dynamo to guard on): a
         # module that gathers its parameters at use cannot be traced (see `forward`).
         object.__setattr__(self, "traceable", run is None or run.gathered_at_use is None)
+        # Stand-ins are made outside any compiled region, before it starts. torch.compiler's
+        # `disable` imports dynamo (seconds), which `import functrain` must not pay: wrap only
+        # once dynamo is loaded, as it is before compile_step traces anything.
+        untraced = _never_traced() if _torch.dynamo_loaded() else _eager_checkpoint
+        object.__setattr__(self, "eager", untraced)
 
     def forward(self, *args, **kwargs):
         inner = self.inner
@@ -226,31 +231,37 @@ class _Recomputed(StandIn):
             return torch_checkpoint.checkpoint(
                 inner, *args, use_reentrant=False, context_fn=self.make_contexts, **kwargs
             )
-        return self._eager(*args, **kwargs)
+        return self.eager(self, *args, **kwargs)
 
-    @torch.compiler.disable
-    def _eager(self, *args, **kwargs):
-        """The checkpoint of the eager step, never traced. Under `compile_step` the gathers at
-        use break dynamo's trace of the block, and dynamo then runs torch's checkpoint eagerly
-        from the traced branch: its recomputation, in the backward pass, ran with the model's
-        own tensors in the slots (the forward's are gone by then) and without the gathering
-        hooks ("native_layer_norm got mixed torch.Tensor and DTensor"). Here it gets both."""
-        inner = self.inner
-        tensors = _module_tensors(inner)
-        run = self.run
-        make_contexts = self.make_contexts
 
-        def contexts():
-            forward_ctx, recompute_ctx = (
-                make_contexts()
-                if make_contexts
-                else (contextlib.nullcontext(), contextlib.nullcontext())
-            )
-            return forward_ctx, _recomputing(tensors, run, recompute_ctx)
+def _eager_checkpoint(stand_in: _Recomputed, *args, **kwargs):
+    """The checkpoint of the eager step, never traced. Under `compile_step` the gathers at
+    use break dynamo's trace of the block, and dynamo then runs torch's checkpoint eagerly
+    from the traced branch: its recomputation, in the backward pass, ran with the model's
+    own tensors in the slots (the forward's are gone by then) and without the gathering
+    hooks ("native_layer_norm got mixed torch.Tensor and DTensor"). Here it gets both."""
+    inner = stand_in.inner
+    tensors = _module_tensors(inner)
+    run = stand_in.run
+    make_contexts = stand_in.make_contexts
 
-        return torch_checkpoint.checkpoint(
-            inner, *args, use_reentrant=False, context_fn=contexts, **kwargs
+    def contexts():
+        forward_ctx, recompute_ctx = (
+            make_contexts()
+            if make_contexts
+            else (contextlib.nullcontext(), contextlib.nullcontext())
         )
+        return forward_ctx, _recomputing(tensors, run, recompute_ctx)
+
+    return torch_checkpoint.checkpoint(
+        inner, *args, use_reentrant=False, context_fn=contexts, **kwargs
+    )
+
+
+@functools.cache
+def _never_traced() -> Callable:
+    """`_eager_checkpoint`, which dynamo runs eagerly instead of tracing (made once, on first use)."""
+    return torch.compiler.disable(_eager_checkpoint)
 
 
 def _module_tensors(module: torch.nn.Module) -> list[tuple[dict, str, torch.Tensor, bool]]:
