@@ -68,6 +68,19 @@ def start_writeback(path: str) -> None:
                 os.close(fd)
 
 
+def start_file_writeback(fd: int) -> None:
+    """Start writing the file open as `fd` to disk, without waiting (a hint, as above).
+
+    Args:
+        fd: a descriptor of a file just written without fsync.
+    Example:
+        >>> start_file_writeback(fd)
+    """
+    call = _libc_function("sync_file_range")
+    if call is not None:
+        call(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from . import array_store, durable, layout, orbax_layout, storage, verify
+from . import array_store, durable, layout, local_chunk_writes, orbax_layout, storage, verify
 from .agreement import agree, max_over_ranks, phase, share_text
 from .errors import CheckpointError
 from .staging import Staged, StagedLeaf, stage
@@ -219,9 +219,14 @@ def _write_arrays(
         return
     if metadata:
         _result_of(lambda: storage.write_many(unsynced, metadata), work.url, "writing metadata of")
+    flushes = work.is_local and work.fsync
     pending = []  # (url, future, item) so an error names the array it hit
+    direct = []  # local chunk files written straight from the staged data (local_chunk_writes)
     for record, item in arrays:
         if item.data is None:
+            continue
+        if local_chunk_writes.direct(work, record, item.region, item.data):
+            direct.append((record.key, record.shape, record.chunks, item.region, item.data))
             continue
         spec = array_spec(unsynced, record)
         future = ts.open(spec, open=True, assume_metadata=True, context=storage.CONTEXT)
@@ -233,7 +238,8 @@ def _write_arrays(
         # save) or the caller's tensors, which a synchronous save holds until committed.
         write = array[item.region].write(item.data, can_reference_source_data_indefinitely=True)
         writes.append((url, write, item.record.key))
-    flushes = work.is_local and work.fsync
+    if direct:  # while tensorstore writes the others
+        local_chunk_writes.write_arrays(work, direct, writeback=flushes)
     for url, future, key in writes:
         _result(future, url, "writing")
         if flushes:  # its pages go to disk while the later arrays are written (durable.py)

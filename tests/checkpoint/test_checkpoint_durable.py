@@ -33,7 +33,14 @@ def test_every_array_is_queued_for_the_disk_before_the_flush_that_commits(tmp_pa
         events.append(("sync", None, None))
         original_sync(path)
 
+    def start_file(fd):  # a chunk written directly (local_chunk_writes): <key>/c/...
+        name = os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path / "c.tmp")
+        events.append(("writeback", name.split(os.sep)[0], ["c"]))
+        original_start_file(fd)
+
+    original_start_file = durable.start_file_writeback
     monkeypatch.setattr(durable, "start_writeback", start)
+    monkeypatch.setattr(durable, "start_file_writeback", start_file)
     monkeypatch.setattr(durable, "sync_tree", sync)
     state = {"w": torch.ones(3, 4), "b": torch.zeros(4), "n": 7}
     checkpoint.save(tmp_path / "c", state)
@@ -47,5 +54,6 @@ def test_every_array_is_queued_for_the_disk_before_the_flush_that_commits(tmp_pa
 def test_a_save_without_fsync_queues_nothing(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(durable, "start_writeback", calls.append)
+    monkeypatch.setattr(durable, "start_file_writeback", calls.append)
     checkpoint.save(tmp_path / "c", {"w": torch.ones(3)}, storage_options={"fsync": False})
     assert calls == []
