@@ -54,6 +54,27 @@ def launch(n: int, args: list[str], timeout: float = 400, extra_path: str | None
     )
 
 
+def launched_results(
+    tmp_path_factory, worker: str, timeout: float = 400, with_dir: bool = False
+) -> dict:
+    """Launch `tests/parallel/<worker>` once on 2 ranks and return the JSON rank 0 wrote to its
+    `--out` (`with_dir`: the worker also gets `--dir`, a fresh folder). Skips inside a launched
+    world (no nested launch); fails the test with the ranks' stderr when the launch fails."""
+    import json
+
+    import pytest
+
+    if launched_world() is not None:
+        pytest.skip("starts its own 2-rank launch")
+    work = tmp_path_factory.mktemp(os.path.splitext(worker)[0])
+    out = work / "results.json"
+    args = [os.path.join(HERE, worker), "--out", str(out)]
+    proc = launch(2, args + (["--dir", str(work)] if with_dir else []), timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"2-rank run failed:\n{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())
+
+
 def run_python(args: list[str], timeout: float = 120, extra_path: str | None = None):
     """`python args...` (one process, no launcher) in a clean environment."""
     return subprocess.run(

@@ -9,11 +9,8 @@ bit-identical; recomputed blocks gather their parameters again;
 a fit that crashes on every rank after a checkpoint, resumed, equals the uninterrupted run bit for bit.
 """
 
-import json
-import os
-
 import pytest
-from parallel_launching import HERE, launch, launched_world
+from parallel_launching import launched_results
 
 pytestmark = pytest.mark.slow
 # float32 summation-order differences (one process sums 4 samples, 2 ranks sum 2 and reduce)
@@ -24,16 +21,7 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    if launched_world() is not None:
-        pytest.skip("starts its own 2-rank launch")
-    root = tmp_path_factory.mktemp("actckpt")
-    out = root / "results.json"
-    proc = launch(
-        2, [os.path.join(HERE, "actckpt_worker.py"), "--out", str(out), "--dir", str(root)]
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"2-rank run failed:\n{proc.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return launched_results(tmp_path_factory, "actckpt_worker.py", with_dir=True)
 
 
 @pytest.mark.parametrize(

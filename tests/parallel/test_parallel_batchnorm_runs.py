@@ -9,11 +9,8 @@ restores that) the resumed run's evaluation differed from the uninterrupted one'
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
-from parallel_launching import HERE, launch, launched_world
+from parallel_launching import launched_results
 
 pytestmark = pytest.mark.slow
 _results: list[dict] = []
@@ -25,15 +22,11 @@ LAUNCH_TIMEOUT_S = 900
 def results(tmp_path_factory) -> dict:
     if _results:
         return _results[0]
-    if launched_world() is not None:
-        pytest.skip("starts its own 2-rank launch")
-    work = tmp_path_factory.mktemp("batchnorm")
-    out = work / "results.json"
-    worker = os.path.join(HERE, "batchnorm_worker.py")
-    proc = launch(2, [worker, "--out", str(out), "--dir", str(work)], timeout=LAUNCH_TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(f"2-rank run failed:\n{proc.stderr[-6000:]}")
-    _results.append(json.loads(out.read_text()))
+    _results.append(
+        launched_results(
+            tmp_path_factory, "batchnorm_worker.py", timeout=LAUNCH_TIMEOUT_S, with_dir=True
+        )
+    )
     return _results[0]
 
 

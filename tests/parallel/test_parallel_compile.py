@@ -15,24 +15,15 @@ all-reduced apart and then summed).
   "native_layer_norm got mixed torch.Tensor and DTensor").
 """
 
-import json
-import os
-
 import pytest
-from parallel_launching import HERE, launch, launched_world
+from parallel_launching import launched_results
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    if launched_world() is not None:
-        pytest.skip("starts its own 2-rank launch")
-    out = tmp_path_factory.mktemp("compile") / "results.json"
-    proc = launch(2, [os.path.join(HERE, "compile_worker.py"), "--out", str(out)], timeout=900)
-    if proc.returncode != 0:
-        pytest.fail(f"2-rank run failed:\n{proc.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return launched_results(tmp_path_factory, "compile_worker.py", timeout=900)
 
 
 @pytest.mark.parametrize(

@@ -11,24 +11,15 @@ layout's installer, and the parameters come out bit-identical:
   (the same count), and their views stay handles rather than host copies.
 """
 
-import json
-import os
-
 import pytest
-from parallel_launching import HERE, launch, launched_world
+from parallel_launching import launched_results
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    if launched_world() is not None:
-        pytest.skip("starts its own 2-rank launch")
-    out = tmp_path_factory.mktemp("forward_run") / "results.json"
-    proc = launch(2, [os.path.join(HERE, "forward_run_worker.py"), "--out", str(out)])
-    if proc.returncode != 0:
-        pytest.fail(f"2-rank run failed:\n{proc.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return launched_results(tmp_path_factory, "forward_run_worker.py")
 
 
 @pytest.mark.parametrize("pair", ["tp_under_checkpointing", "tp_under_checkpointing_and_offload"])

@@ -7,14 +7,11 @@ offload bit for bit, and one process within 1e-5; fit with checkpoints resumes b
 also across the offloaded and the plain layout.
 """
 
-import json
-import os
-
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from parallel_launching import HERE, launch, launched_world
+from parallel_launching import launched_results
 
 import functrain
 from functrain import checkpoint
@@ -230,16 +227,7 @@ def test_a_checkpoint_loads_into_an_offloaded_state_and_back(mesh1, tmp_path):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    if launched_world() is not None:
-        pytest.skip("starts its own 2-rank launch")
-    root = tmp_path_factory.mktemp("offload")
-    out = root / "results.json"
-    proc = launch(
-        2, [os.path.join(HERE, "offload_worker.py"), "--out", str(out), "--dir", str(root)]
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"2-rank run failed:\n{proc.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return launched_results(tmp_path_factory, "offload_worker.py", with_dir=True)
 
 
 VARIANTS = ["fsdp", "reshard", "microbatch", "pure_step", "clip_host_norm", "unfused_sgd",
