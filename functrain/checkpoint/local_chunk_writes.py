@@ -25,13 +25,11 @@ Example:
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import itertools
 import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import google_crc32c
 import numpy as np
@@ -39,6 +37,7 @@ import numpy as np
 from . import durable, layout, storage
 from .dtypes import numpy_dtype
 from .errors import CheckpointStorageError
+from .local_chunks import run_bounded
 
 # Chunks written at once: several writes in flight keep a local disk (NVMe) busy; each worker
 # holds at most one scratch chunk (edge chunks, chunks not contiguous in the region).
@@ -112,28 +111,7 @@ def write_arrays(loc: storage.Location, arrays: Sequence[Array], writeback: bool
         for base, chunks, data, bounds, per_dim in plans
         for index in itertools.product(*per_dim)
     )
-    _run(tasks, min(count, MAX_WORKERS))
-
-
-def _run(tasks: Iterator[tuple], workers: int) -> None:
-    """Write every chunk of `tasks` on `workers` threads, at most two per worker queued; raise
-    the first failure in order."""
-    if workers <= 1:
-        for task in tasks:
-            _write_chunk(*task)
-        return
-    with concurrent.futures.ThreadPoolExecutor(workers, "functrain-save") as pool:
-        pending: collections.deque = collections.deque()
-        try:
-            for task in tasks:
-                pending.append(pool.submit(_write_chunk, *task))
-                if len(pending) >= 2 * workers:
-                    pending.popleft().result()
-            while pending:
-                pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+    run_bounded(_write_chunk, tasks, min(count, MAX_WORKERS), "functrain-save")
 
 
 def _write_chunk(base, chunks, data, bounds, index, writeback, url) -> None:

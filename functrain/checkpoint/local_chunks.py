@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import errno
+import functools
 import itertools
 import math
 import os
@@ -103,24 +104,35 @@ def read_arrays(
     )
     step_fd = _open_step(loc)
     try:
-        _run(step_fd, tasks, min(count, MAX_WORKERS))
+        run_bounded(
+            functools.partial(_read_chunk, step_fd),
+            tasks,
+            min(count, MAX_WORKERS),
+            "functrain-load",
+        )
     finally:
         os.close(step_fd)
     return results
 
 
-def _run(step_fd: int, tasks, workers: int) -> None:
-    """Read every chunk of `tasks` on `workers` threads, at most two per worker queued; raise
-    the first failure in order."""
-    if workers == 1:
+def run_bounded(function, tasks, workers: int, name: str) -> None:
+    """`function(*task)` for every task on `workers` threads named `name`, at most two per worker
+    queued (a generator of tasks is never listed whole); raise the first failure in order.
+
+    Example:
+        >>> run_bounded(print, iter([("a",), ("b",)]), workers=1, name="functrain-load")
+        a
+        b
+    """
+    if workers <= 1:
         for task in tasks:
-            _read_chunk(step_fd, *task)
+            function(*task)
         return
-    with concurrent.futures.ThreadPoolExecutor(workers, "functrain-load") as pool:
+    with concurrent.futures.ThreadPoolExecutor(workers, name) as pool:
         pending: collections.deque = collections.deque()
         try:
             for task in tasks:
-                pending.append(pool.submit(_read_chunk, step_fd, *task))
+                pending.append(pool.submit(function, *task))
                 if len(pending) >= 2 * workers:
                     pending.popleft().result()
             while pending:
@@ -278,4 +290,4 @@ def _storage(url: str, name: str, err: OSError) -> CheckpointStorageError:
     )
 
 
-__all__ = ["MAX_WORKERS", "direct", "read_arrays"]
+__all__ = ["MAX_WORKERS", "direct", "read_arrays", "run_bounded"]
