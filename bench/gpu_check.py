@@ -29,6 +29,9 @@ The checks:
     sync_count            synchronising CUDA calls (torch.cuda.set_sync_debug_mode) in fit's
                           steps between log boundaries: on one rank, and per rank under NCCL
                           with the DDP and FSDP plans on 2+ GPUs (see bench/gpu_check_sync.py)
+    restore_speed         checkpoint.load of a --restore-mb state from local disk into device
+                          memory against the raw read + copy and torch.load, MB/s (see
+                          bench/gpu_check_restore.py)
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ if ROOT not in sys.path:
 
 from bench.common import markdown_table  # noqa: E402
 from bench.gpu_check_offload import check_fsdp_offload  # noqa: E402
+from bench.gpu_check_restore import check_restore_speed  # noqa: E402
 from bench.gpu_check_sync import check_sync_count  # noqa: E402
 
 
@@ -457,6 +461,8 @@ CHECKS: list[Check] = [
           check_fsdp_offload),
     Check("sync_count", "fit's syncs between log boundaries: one rank, NCCL DDP/FSDP per rank",
           check_sync_count),
+    Check("restore_speed", "checkpoint.load from local disk into the device vs raw read, torch",
+          check_restore_speed),
 ]  # fmt: skip
 
 
@@ -476,6 +482,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--restore-mb", type=float, default=1024, help="restore_speed's state")
+    parser.add_argument("--restore-reps", type=int, default=5, help="restore_speed's repetitions")
     parser.add_argument(
         "--device",
         default="cuda",

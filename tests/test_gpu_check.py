@@ -48,13 +48,15 @@ def test_checks_are_named_functions_and_unknown_names_are_refused():
 def test_dry_run_on_the_cpu_of_the_checks_that_can_run_there():
     tiny = ["--layers", "1", "--width", "32", "--heads", "2", "--context", "16", "--batch", "2",
             "--vocab", "64", "--steps", "3"]  # fmt: skip
-    proc = run("--device", "cpu", "--only", "gpt_bf16_eager,fsdp_one_rank,fsdp_offload", *tiny)
+    only = "gpt_bf16_eager,fsdp_one_rank,fsdp_offload,restore_speed"
+    proc = run("--device", "cpu", "--only", only, *tiny, "--restore-mb", "4", "--restore-reps", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = [
         line
         for line in proc.stdout.splitlines()
-        if line.startswith("| gpt") or line.startswith("| fsdp")
+        if line.startswith(("| gpt", "| fsdp", "| restore"))
     ]
-    assert len(rows) == 3 and all("| ok " in row for row in rows), proc.stdout
+    assert len(rows) == 4 and all("| ok " in row for row in rows), proc.stdout
+    assert "restored exactly on the device: True" in rows[3], rows[3]
     assert "host: True" in rows[2] and "restored pinned on host: True" in rows[2], rows[2]
     assert "tok/s" in rows[0] and "fused AdamW calls: " in rows[0]
