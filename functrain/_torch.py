@@ -21,7 +21,7 @@ Sections:
     device meshes         `DeviceMesh._flatten`, `_pg_registry`    parallel
     torch bugs            `torch.distributed.nn.functional` binds  parallel (teardown),
                           `group.WORLD` as a default argument;     checkpoint
-                          `ProcessGroup._get_backend` (< 2.8)
+                          `ProcessGroup._get_backend`, `_world.pg_map`
     torch releases        `distribute_tensor(src_data_rank=)`,     tests, parallel (teardown)
                           gloo's worker thread names
 
