@@ -20,14 +20,12 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import tensorstore as ts
 
-from . import storage
+from . import local_chunk_writes, storage
 
 # Below this many bytes of tensor data a single-rank local save consolidates its arrays. Above
 # it, bytes dominate file count, and directories of plain chunk files load through mmap.
@@ -72,10 +70,9 @@ def write_all(
     (no fsync: the writer syncs), raising the first failure.
 
     Opening a zarr3 array costs ~100 us of work per leaf, the most of a small save. So arrays
-    that are one whole chunk (every array of a small single-rank state) are encoded by one
-    array per (dtype, shape) in memory, stacked, whose chunks are byte for byte the leaves'
-    chunks (same codecs: the raw bytes and their crc32c), and written as plain keys. Others
-    (a zero-size dimension) are opened and written as zarr3 arrays.
+    that are one whole chunk (every array of a small single-rank state) are encoded here, byte
+    for byte the chunk tensorstore would write (the raw bytes and their crc32c), and written as
+    plain keys. Others (a zero-size dimension) are opened and written as zarr3 arrays.
 
     Args:
         loc: the checkpoint directory.
@@ -109,25 +106,18 @@ def write_all(
 
 def _encoded_chunks(groups: list[tuple[dict, list]]) -> list[tuple[str, bytes]]:
     """`(key, bytes)` of the one chunk of every array of `groups` (arrays of one dtype and
-    shape, with the zarr.json of one of them): functrain's codecs are the elements' bytes (C
-    order, little-endian) then their crc32c, which the CPU computes (`google_crc32c`) for a
-    fraction of what encoding them through tensorstore costs. bool and non-native byte orders go
-    through tensorstore (`_encoded_by_tensorstore`), as any codec would."""
+    shape, with the zarr.json of one of them): encoded as the direct local writes encode them
+    (`local_chunk_writes.whole_chunk`: the bytes, then their crc32c by the CPU), for a fraction
+    of what encoding through tensorstore costs; bool and non-native byte orders go through
+    tensorstore (`_encoded_by_tensorstore`)."""
     out, rest = [], []
     for metadata, items in groups:
-        if not _plain_bytes(items[0][1]):
+        if not local_chunk_writes.plain_bytes(items[0][1]):
             rest.append((metadata, items))
             continue
         tail = "".join("/0" for _ in metadata["shape"])  # a one-chunk array's chunk key
-        for name, data in items:
-            body = np.ascontiguousarray(data).tobytes()
-            out.append((f"{name}/c{tail}", body + google_crc32c.value(body).to_bytes(4, "little")))
+        out += [(f"{name}/c{tail}", local_chunk_writes.whole_chunk(data)) for name, data in items]
     return out + _encoded_by_tensorstore(rest)
-
-
-def _plain_bytes(data: np.ndarray) -> bool:
-    """Whether `data`'s bytes are its zarr3 `bytes` codec's output as they are."""
-    return sys.byteorder == "little" and data.dtype != np.bool_ and data.dtype.byteorder in "=|<"
 
 
 def _encoded_by_tensorstore(groups: list[tuple[dict, list]]) -> list[tuple[str, bytes]]:

@@ -113,16 +113,17 @@ class BackgroundWriter:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        if self._own_group and torch.distributed.is_initialized():
-            # The group's backends go last, with the GIL released: before torch 2.8 the group's
-            # own destructor keeps the GIL while it joins gloo's workers, and a worker still
-            # freeing the last collective's tensors waits for it (`_torch.group_backends`).
-            backends = _torch.group_backends([self.group])
-            torch.distributed.destroy_process_group(self.group)
+        if self._own_group:
+            backends = []
+            if torch.distributed.is_initialized():
+                # The group's backends go last, with the GIL released: before torch 2.8 the
+                # group's own destructor keeps the GIL while it joins gloo's workers, and a worker
+                # still freeing the last collective's tensors waits for it
+                # (`_torch.group_backends`).
+                backends = _torch.group_backends([self.group])
+                torch.distributed.destroy_process_group(self.group)
             self.group = None  # a group still referenced is never freed (its threads live)
             backends.clear()
-        if self._own_group:
-            self.group = None
             self._own_group = False
 
     def _close_at_exit(self) -> None:

@@ -63,12 +63,12 @@ def direct(
         whether every chunk the region covers is whole inside it or ends at the array's edge,
         and the dtype, byte order and host are ones the direct path writes exactly.
     """
-    if not loc.is_local or sys.byteorder != "little" or record.dtype in (None, "bool"):
+    if not loc.is_local or record.dtype is None or not plain_bytes(data):
         return False
     shape, chunks = tuple(record.shape or ()), tuple(record.chunks or ())
     if data.size == 0 or 0 in shape or len(chunks) != len(shape):
         return False
-    if data.dtype.byteorder not in "=|" or data.dtype.itemsize != _itemsize(record.dtype):
+    if data.dtype.itemsize != _itemsize(record.dtype):
         return False
     bounds = _bounds(region, shape)
     if bounds is None or tuple(hi - lo for lo, hi in bounds) != data.shape:
@@ -77,6 +77,24 @@ def direct(
     return all(
         lo % c == 0 and (hi % c == 0 or hi == n) for (lo, hi), c, n in zip(bounds, chunks, shape)
     )
+
+
+def plain_bytes(data: np.ndarray) -> bool:
+    """Whether `data`'s own bytes are what zarr3's `bytes` codec writes for it (little-endian):
+    a little-endian host, data in native byte order, not bool (tensorstore writes those)."""
+    return sys.byteorder == "little" and data.dtype != np.bool_ and data.dtype.byteorder in "=|"
+
+
+def whole_chunk(data: np.ndarray) -> bytes:
+    """The chunk file of an array that is one whole chunk (`plain_bytes(data)`): its elements'
+    bytes in C order, then their crc32c.
+
+    Example:
+        >>> len(whole_chunk(np.zeros(3, np.float32)))   # 12 bytes of data, 4 of checksum
+        16
+    """
+    body = np.ascontiguousarray(data).tobytes()
+    return body + google_crc32c.value(body).to_bytes(4, "little")
 
 
 def write_arrays(loc: storage.Location, arrays: Sequence[Array], writeback: bool = False) -> None:
@@ -194,4 +212,4 @@ def _itemsize(dtype: str) -> int:
         return -1
 
 
-__all__ = ["MAX_WORKERS", "direct", "write_arrays"]
+__all__ = ["MAX_WORKERS", "direct", "plain_bytes", "whole_chunk", "write_arrays"]
