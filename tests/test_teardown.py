@@ -35,9 +35,11 @@ def _env(**extra):
     return env
 
 
-def _python(script, *args, timeout=300, **env):
+def _python(script, *args, timeout=300, ranks=None, **env):
+    """`python script args...`, or under `python -m functrain.launch -n ranks` when given."""
+    launcher = [] if ranks is None else ["-m", "functrain.launch", "-n", str(ranks)]
     return subprocess.run(
-        [sys.executable, str(script), *map(str, args)],
+        [sys.executable, *launcher, str(script), *map(str, args)],
         env=_env(**env),
         cwd=ROOT,
         capture_output=True,
@@ -110,23 +112,7 @@ def test_one_process_ends_with_no_gloo_worker_left_and_its_save_committed(tmp_pa
 def test_two_ranks_end_with_no_gloo_worker_left(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(RUN)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "functrain.launch",
-            "-n",
-            "2",
-            str(script),
-            tmp_path / "c",
-            "teardown",
-        ],
-        env=_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _python(script, tmp_path / "c", "teardown", ranks=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _skip_where_workers_cannot_be_counted(proc.stdout)
     assert sorted(_alive_after_exit(proc.stdout)) == ["0", "0"], proc.stdout[-3000:]
@@ -248,13 +234,6 @@ def test_groups_destroyed_right_after_a_collective_on_a_temporary(tmp_path):
     (`functrain._torch.group_backends`), in `BackgroundWriter.close` and at exit."""
     script = tmp_path / "destroy.py"
     script.write_text(DESTROY_AFTER_COLLECTIVE)
-    proc = subprocess.run(
-        [sys.executable, "-m", "functrain.launch", "-n", "2", str(script), "200"],
-        env=_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _python(script, 200, ranks=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("closed 200") == 2, proc.stdout[-2000:]
