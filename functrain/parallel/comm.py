@@ -47,7 +47,14 @@ class CommCounter:
     sent_bytes: float = 0.0
 
     def record(self, op: str, payload: int, group_size: int) -> None:
-        """Add one collective of `payload` bytes over `group_size` ranks."""
+        """Add one collective of `payload` bytes over `group_size` ranks.
+
+        Not while dynamo traces (`compile_step`): the collective becomes part of the compiled
+        graph, which runs no Python per call to count with, and a count traced inside an
+        autograd function's forward would leak a value of its subgraph into the outer graph
+        ("Argument 'add' of Node 'scalar_tensor' does not belong to this Graph")."""
+        if torch.compiler.is_compiling():
+            return
         self.calls[op] += 1
         self.payload_bytes[op] += payload
         self.sent_bytes += ring_bytes(op, payload, group_size)

@@ -32,7 +32,6 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import comm
@@ -41,9 +40,6 @@ if TYPE_CHECKING:  # DTensor's module is imported where a placement is made
     from torch.distributed.tensor import Replicate, Shard
 
 STYLES = ("colwise", "rowwise", "colwise_gather")
-
-# torch >= 2.13 renamed the tensor collectives (as in `comm`); older releases only have the old
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # Leaf names the "auto" plan recognises (HF Llama/GPT-NeoX/BERT, torchtitan, nanoGPT's MLP, ...).
 # A fused QKV projection cannot be split by rows (q, k and v would land on different ranks), so
@@ -219,7 +215,7 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        _all_reduce_(grad, ctx.group)
+        comm.all_reduce_(grad, ctx.group)
         return grad, None
 
 
@@ -229,7 +225,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         x = x.contiguous().clone()
-        _all_reduce_(x, group)
+        comm.all_reduce_(x, group)
         return x
 
     @staticmethod
@@ -248,10 +244,7 @@ class _GatherFromTP(torch.autograd.Function):
         # shape, which an output of shape (n, *x.shape) fails ("invalid tensor size")
         flat = x.contiguous().reshape(-1)
         out = flat.new_empty(n * flat.numel())
-        if torch.compiler.is_compiling():  # see `_all_reduce_`
-            _all_gather_single(out, flat, group=group)
-        else:
-            comm.all_gather_into(out, flat, group)
+        comm.all_gather_into(out, flat, group)
         out = out.view((n,) + tuple(x.shape))
         return out.movedim(0, -2).reshape(x.shape[:-1] + (n * x.shape[-1],))
 
@@ -259,20 +252,6 @@ class _GatherFromTP(torch.autograd.Function):
     def backward(ctx, grad):
         rank = torch.distributed.get_rank(ctx.group) if ctx.n > 1 else 0
         return grad.narrow(-1, rank * ctx.width, ctx.width).contiguous(), None
-
-
-def _all_reduce_(x: torch.Tensor, group) -> None:
-    """`comm.all_reduce_`, or, while dynamo traces, the bare collective it remaps into the graph.
-
-    Counting is host bookkeeping: traced inside an autograd function's forward, the counter's
-    float would be a value of that function's subgraph leaking into the outer graph (dynamo's
-    "Argument 'add' of Node 'scalar_tensor' does not belong to this Graph"), and a compiled
-    graph runs no Python per call to count with anyway.
-    """
-    if torch.compiler.is_compiling():
-        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
-    else:
-        comm.all_reduce_(x, group)
 
 
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
