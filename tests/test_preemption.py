@@ -28,7 +28,7 @@ import functrain
 from functrain.checkpoint import Manager, load
 from functrain.data import Loader
 from functrain.loop.agreement import FIRST_PERIOD, GROWTH, Agreement
-from functrain.loop.preemption import Boundary, StopKind, StopSignals, agree
+from functrain.loop.preemption import Boundary, StopKind, StopSignals, decide
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "preempt_worker.py"
@@ -38,11 +38,11 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 # -- the decision of one boundary ---------------------------------------------------------------
 
 
-def test_one_process_agrees_with_itself():
-    assert agree(StopKind.NONE, None, 1.5) == Boundary(StopKind.NONE, 1.5)
-    assert agree(StopKind.NONE, "early stop", 2.0).stop is StopKind.CALLBACK
-    assert agree(StopKind.SIGTERM, "early stop", 2.0).stop is StopKind.SIGTERM  # the strongest
-    assert agree(StopKind.SIGINT, None, 0.0).preempted
+def test_one_process_decides_alone():
+    assert decide(StopKind.NONE, None, 1.5) == Boundary(StopKind.NONE, 1.5)
+    assert decide(StopKind.NONE, "early stop", 2.0).stop is StopKind.CALLBACK
+    assert decide(StopKind.SIGTERM, "early stop", 2.0).stop is StopKind.SIGTERM  # the strongest
+    assert decide(StopKind.SIGINT, None, 0.0).preempted
 
 
 @settings(max_examples=60, deadline=None)

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .preemption import Boundary, StopKind, StopSignals, agree
+from .preemption import Boundary, StopKind, StopSignals, decide
 
 __all__ = ["Agreement", "Boundaries", "several_ranks"]
 
@@ -222,8 +222,8 @@ class Boundaries:
 
     def now(self, batch: int) -> Boundary:
         """The decision of this boundary with every rank, waiting for it (an epoch end)."""
-        if self.agreement is None:
-            return agree(self.pending(), None, self.clock())
+        if self.agreement is None:  # one process: nothing to wait for
+            return decide(self.signals.pending, self.ctx.stop_reason, self.clock())
         self.agreement.drop()
         self.agreement.start(batch, self.pending(), self.clock())
         return self.agreement.finish()

@@ -261,6 +261,11 @@ def unique_names(callbacks: Iterable[Any]) -> list[str]:
     return names
 
 
+# The method each event calls: a constant table (an enum's `.value` is a Python-level property,
+# and this is read for every callback at every event).
+_METHOD_NAMES = {event: event.value for event in Event}
+
+
 def dispatch(event: Event, callbacks: Sequence[Any], ctx: Context) -> None:
     """Call `cb.<event.value>(ctx)` on every callback that defines it, in order.
 
@@ -268,8 +273,9 @@ def dispatch(event: Event, callbacks: Sequence[Any], ctx: Context) -> None:
         CallbackError: when a callback raises; it names the callback and the event.
     """
     ctx.event = event
+    name = _METHOD_NAMES[event]
     for callback in callbacks:
-        method = getattr(callback, event.value, None)
+        method = getattr(callback, name, None)
         if not callable(method):  # not handled (or a data attribute that shares the name)
             continue
         try:

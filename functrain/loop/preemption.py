@@ -3,7 +3,7 @@ checkpoint glue that saves and restores the loop's own state (callbacks, data po
 
 A SIGTERM (a scheduler preempting the job) or a first Ctrl-C (SIGINT) only asks the run to stop:
 the handler notes it, the current step finishes, and the loop stops at a step boundary decided
-for all ranks alike: on one process the next one (`agree`, no collective); on several ranks the
+for all ranks alike: on one process the next one (`decide`, no collective); on several ranks the
 boundary where the next agreement is read (`functrain.loop.agreement`: a small all-reduce
 started without waiting and read one boundary later). The loop acts only on that decision --
 never on a flag a signal may set a moment later on one rank -- so all ranks stop at the same
@@ -16,7 +16,7 @@ bit-identically from the newest checkpoint.
 
 Example:
     >>> with StopSignals(rank=0) as signals:
-    ...     boundary = agree(signals.pending, ctx.stop_reason, elapsed_sec=12.5)
+    ...     boundary = decide(signals.pending, ctx.stop_reason, elapsed_sec=12.5)
     ...     if boundary.stop:
     ...         manager.save(with_loop_extra(state, names, callbacks, source))
 """
@@ -49,7 +49,7 @@ __all__ = [
     "Boundary",
     "StopKind",
     "StopSignals",
-    "agree",
+    "decide",
     "checkpoint_manager",
     "restore_latest",
     "wait_for_saves",
@@ -140,31 +140,23 @@ class StopSignals:
         self._old = {}
 
 
-def agree(pending: StopKind, stop_reason: str | None, elapsed_sec: float) -> Boundary:
-    """The decision of one step boundary, the same on every rank.
-
-    Every rank calls it at the same boundary (one small blocking all-reduce when
-    torch.distributed runs several processes): ranks that decided apart would wait on each
-    other's collectives forever. `fit` calls it on one process; on several ranks it agrees
-    through `agreement.Agreement`, off the hot path.
+def decide(pending: StopKind, stop_reason: str | None, elapsed_sec: float) -> Boundary:
+    """The decision of one step boundary on one process (several ranks agree on theirs through
+    `agreement.Agreement`, off the hot path). No collective, no host read: `fit` calls it at every
+    step boundary of a one-process run.
 
     Args:
-        pending: the signal this rank received (`StopSignals.pending`).
-        stop_reason: `ctx.stop_reason` on this rank (a callback's request), or None.
-        elapsed_sec: this rank's wall-clock time of the run.
+        pending: the signal this process received (`StopSignals.pending`).
+        stop_reason: `ctx.stop_reason` (a callback's request), or None.
+        elapsed_sec: the run's wall-clock time.
     Returns:
-        the agreed `Boundary`: the largest stop kind and the largest clock of all ranks.
+        the `Boundary`: the strongest reason to stop (a signal over a callback's request).
+    Example:
+        >>> decide(StopKind.NONE, "early stop", 2.0).stop
+        <StopKind.CALLBACK: 1>
     """
-    kind = max(pending, StopKind.CALLBACK if stop_reason is not None else StopKind.NONE)
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return Boundary(StopKind(kind), float(elapsed_sec))
-    values = torch.tensor([float(kind), float(elapsed_sec)], dtype=torch.float64)
-    if dist.get_backend() == "nccl":  # a CPU tensor goes through gloo when it is configured
-        values = values.cuda()
-    dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    kind, elapsed = values.tolist()
-    return Boundary(StopKind(int(kind)), elapsed)
+    requested = StopKind.CALLBACK if stop_reason is not None else StopKind.NONE
+    return Boundary(max(pending, requested), float(elapsed_sec))
 
 
 def stop_reason_for(boundary: Boundary, pending: StopKind, own_reason: str | None) -> str:

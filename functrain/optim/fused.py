@@ -113,12 +113,9 @@ def _prepare(
     leaves, rebuild = resolve(spec, state, extra)
     recipe = recipe_of(leaves)
     moments = moment_trees(recipe)
+    wanted = set(names)  # one set comparison per tree: this runs on every step
     for tree in moments:
-        if (
-            not isinstance(tree, Mapping)
-            or len(tree) != len(names)
-            or any(k not in tree for k in names)
-        ):
+        if not isinstance(tree, Mapping) or len(tree) != len(wanted) or tree.keys() != wanted:
             raise NotFusable("the optimizer state covers other names than the gradients")
     trees = [grads, *moments]
     # What the grouping depends on besides the tensors: whether a decay runs, and its mask.
@@ -128,8 +125,8 @@ def _prepare(
         layout = group_layout(recipe, names, params, trees)
         if cache is not None:
             cache.store(params, moments, names, decision, layout)
-    groups = {key: columns_of(group, [params, *trees], local) for key, group, local in layout}
-    grads_laid_out_like_params(groups)
+    groups = {key: columns_of(group, [params, *trees], local) for key, group, local, _ in layout}
+    grads_laid_out_like_params(groups, layout)
     if wrap is not None:
         inner_rebuild = rebuild
 

@@ -8,6 +8,7 @@ A performance cache, kept by the step (no process-wide state); see `FusedCache`.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Mapping
 
@@ -46,7 +47,8 @@ class FusedCache:
         if known_names != tuple(names) or decays != decision[0] or mask is not decision[1]:
             return None
         tensors = _tensors(params, moments, names)
-        if len(refs) != len(tensors) or not all(r() is t for r, t in zip(refs, tensors)):
+        # identity of every tensor, in C (no Python frame per tensor: this runs on every step)
+        if len(refs) != len(tensors) or not all(map(operator.is_, map(_deref, refs), tensors)):
             return None
         return layout
 
@@ -62,5 +64,11 @@ class FusedCache:
         self._entry = None
 
 
+_deref = weakref.ref.__call__  # `ref -> referent or None`, a C method
+
+
 def _tensors(params: Mapping, moments: list, names: list[str]) -> list:
-    return [params[k] for k in names] + [tree[k] for tree in moments for k in names]
+    tensors = list(map(params.__getitem__, names))  # in C: this runs on every step
+    for tree in moments:
+        tensors += map(tree.__getitem__, names)
+    return tensors

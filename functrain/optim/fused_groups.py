@@ -10,8 +10,8 @@ parameters or moments that are not (the transforms' own update runs them), and
 Example:
     >>> layout = group_layout(recipe, names, params, [grads, mu, nu])
     >>> groups = {key: columns_of(group, [params, grads, mu, nu], local)
-    ...           for key, group, local in layout}
-    >>> grads_laid_out_like_params(groups)
+    ...           for key, group, local, _ in layout}
+    >>> grads_laid_out_like_params(groups, layout)
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return all(x == y or n == 1 for x, y, n in zip(ours, theirs, a.shape))
 
 
-def grads_laid_out_like_params(groups: dict) -> None:
+def grads_laid_out_like_params(groups: dict, layout: list) -> None:
     """Give each group's gradient column its parameter's memory layout, copying where they
     differ.
 
@@ -96,20 +96,27 @@ def grads_laid_out_like_params(groups: dict) -> None:
     one) would silently get wrong updates, so it is copied; the gradients are the executor's to
     overwrite. A gradient of another dtype or device has no fused form.
 
+    Args:
+        groups: `{group key: columns}` (`columns_of`), the gradients in `columns[1]`.
+        layout: the `group_layout` the groups were built from: each group's device, dtype and
+            parameter strides, so only the gradients are read here (this runs on every call).
     Raises:
         NotFusable: a gradient's dtype or device differs from its parameter's.
     """
-    for columns in groups.values():
-        params, grads = columns[0], columns[1]
-        for i, (param, grad) in enumerate(zip(params, grads)):
-            if grad.dtype is not param.dtype or grad.device != param.device:
+    for key, _, _, strides in layout:
+        _, device, dtype = key
+        columns = groups[key]
+        grads = columns[1]
+        for i, (grad, stride) in enumerate(zip(grads, strides)):
+            if grad.dtype is not dtype or grad.device != device:
                 raise NotFusable("a gradient of another dtype or device than its parameter")
-            if grad.stride() != param.stride() and not same_layout(grad, param):
-                grads[i] = torch.empty_like(param).copy_(grad)
+            if grad.stride() != stride and not same_layout(grad, columns[0][i]):
+                grads[i] = torch.empty_like(columns[0][i]).copy_(grad)
 
 
 def group_layout(recipe: Recipe, names: list[str], params: Mapping, trees: list) -> list:
-    """`[(group key, names, DTensor pieces)]`: which kernel call updates each parameter.
+    """`[(group key, names, DTensor pieces, parameter strides)]`: which kernel call updates each
+    parameter; the key is `(decayed, device, dtype)`.
 
     Raises:
         NotFusable: a parameter's tensors (it, its gradient, its moments) do not line up.
@@ -118,7 +125,7 @@ def group_layout(recipe: Recipe, names: list[str], params: Mapping, trees: list)
     decayed = None
     if recipe.decay is not None and recipe.decay.mask is not None:
         decayed = selected(recipe.decay.mask, names, params)
-    groups: dict[tuple, tuple[list[str], bool]] = {}
+    groups: dict[tuple, tuple[list[str], bool, list]] = {}
     for name in names:
         tensors = [params[name], *[tree[name] for tree in trees]]
         pieces = _pieces(tensors)
@@ -128,9 +135,10 @@ def group_layout(recipe: Recipe, names: list[str], params: Mapping, trees: list)
         key = (decay_on and (decayed is None or name in decayed), first.device, first.dtype)
         group = groups.get(key)
         if group is None:
-            group = groups[key] = ([], pieces[0] is not tensors[0])
+            group = groups[key] = ([], pieces[0] is not tensors[0], [])
         group[0].append(name)
-    return [(key, group, local) for key, (group, local) in groups.items()]
+        group[2].append(first.stride())
+    return [(key, group, local, strides) for key, (group, local, strides) in groups.items()]
 
 
 def columns_of(names: list[str], trees: list, local: bool) -> list[list[torch.Tensor]]:

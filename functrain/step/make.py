@@ -263,10 +263,12 @@ class Step:
             norm = grad_norm if grads is result.grads else None  # the default piece takes it
             new_state = run_update(pieces.update, self.update_piece, grads, guarded, norm,
                                    device_skip, self.config.donate, transformed)  # fmt: skip
-            new_state = new_state.replace(
-                buffers=keep_buffers(device_skip, state.buffers, new_state.buffers, saved),
-                step=state.step + 1, timestamp=state.timestamp.advance_batch(samples, tokens),
-            )  # fmt: skip
+            advanced = {"step": state.step + 1,
+                        "timestamp": state.timestamp.advance_batch(samples, tokens)}  # fmt: skip
+            if device_skip is not None:  # the buffers of before the forward pass, on a skip
+                buffers = new_state.buffers
+                advanced["buffers"] = keep_buffers(device_skip, state.buffers, buffers, saved)
+            new_state = new_state.replace(**advanced)
         new_state = pieces.after_update(new_state)
         metrics = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple
@@ -120,14 +121,30 @@ def _build(opt_state: Any, plain: bool) -> StatePlan:
 def _reader(accessor: Any) -> Callable[[Any], Any]:
     if accessor is None:
         return lambda tree: None
+    path = _getters(accessor)
 
     def read(tree: Any) -> Any:
         try:
-            return accessor(tree)
+            for get in path:
+                tree = get(tree)
+            return tree
         except _LOOKUP_ERRORS:  # another structure: not this plan's
             return None
 
     return read
+
+
+def _getters(accessor: Any) -> tuple[Callable[[Any], Any], ...]:
+    """An optree accessor as C-level getters, one per entry: the same reads, without a Python
+    frame per entry (this runs on every step). Entries of other kinds stay as they are."""
+    return tuple(
+        operator.itemgetter(entry.entry)
+        if isinstance(entry, optree.GetItemEntry)
+        else operator.attrgetter(entry.name)  # a dotted name reads attribute by attribute
+        if isinstance(entry, optree.GetAttrEntry)
+        else entry
+        for entry in accessor
+    )
 
 
 def _lr_reader(opt_state: Any, accessors: list, leaves: list) -> Callable[[Any], float | None]:
@@ -143,9 +160,14 @@ def _lr_reader(opt_state: Any, accessors: list, leaves: list) -> Callable[[Any],
 
 
 def _fallback_reader(accessor: Any) -> Callable[[Any], float | None]:
+    path = _getters(accessor)
+
     def read_lr(opt_state: Any) -> float | None:
         try:
-            return float(accessor(opt_state))
+            value = opt_state
+            for get in path:
+                value = get(value)
+            return float(value)
         except _LOOKUP_ERRORS:
             return current_lr(opt_state)
 
