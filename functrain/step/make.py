@@ -251,24 +251,19 @@ class Step:
         with_buffers = state if same else state.replace(buffers=result.buffers)
         guarded, skipped = pieces.guard(result._replace(loss=loss), grad_norm, with_buffers)
         device_skip = skipped if isinstance(skipped, torch.Tensor) else None  # see guards.py
+        ts = state.timestamp.advance_batch(samples, tokens)
         if device_skip is None and skipped:  # nothing is written: all stays as it was
             if saved is not None:
                 _torch.foreach_copy_(list(state.buffers.values()), saved)
-            new_state = guarded.replace(
-                buffers=state.buffers,
-                step=state.step + 1,
-                timestamp=state.timestamp.advance_batch(samples, tokens),
-            )
+            new_state = guarded.replace(buffers=state.buffers, step=state.step + 1, timestamp=ts)
         else:  # on a device decision, the update runs and is kept or discarded there
             norm = grad_norm if grads is result.grads else None  # the default piece takes it
             new_state = run_update(pieces.update, self.update_piece, grads, guarded, norm,
                                    device_skip, self.config.donate, transformed)  # fmt: skip
-            advanced = {"step": state.step + 1,
-                        "timestamp": state.timestamp.advance_batch(samples, tokens)}  # fmt: skip
             if device_skip is not None:  # the buffers of before the forward pass, on a skip
-                buffers = new_state.buffers
-                advanced["buffers"] = keep_buffers(device_skip, state.buffers, buffers, saved)
-            new_state = new_state.replace(**advanced)
+                kept = keep_buffers(device_skip, state.buffers, new_state.buffers, saved)
+                new_state = new_state.replace(buffers=kept)
+            new_state = new_state.replace(step=state.step + 1, timestamp=ts)
         new_state = pieces.after_update(new_state)
         metrics = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in result.aux.items()
