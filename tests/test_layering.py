@@ -275,3 +275,22 @@ def test_a_forbidden_import_is_caught(tmp_path, rel, source, rule):
 def test_an_allowed_import_passes(tmp_path, rel, source):
     package = _package(tmp_path, {rel: source})
     assert violations(package) == []
+
+
+MAX_MODULE_LINES = 400  # issue 25: every module one concept, at most this long
+
+
+def test_every_module_is_at_most_400_lines():
+    """No module under functrain/ is over `MAX_MODULE_LINES` (split it along its concepts)."""
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_the_package_root_holds_at_most_14_modules():
+    """The root keeps only what is cross-cutting (issue 25); the rest lives in subpackages."""
+    modules = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= 14, modules
