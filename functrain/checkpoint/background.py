@@ -55,6 +55,7 @@ class BackgroundWriter:
         self.open()
         self._pending: tuple[concurrent.futures.Future, str, int] | None = None
         self._buffers: dict[str, torch.Tensor] = {}  # host copies, reused save after save
+        self._plans: dict = {}  # staging's descriptions by structure, reused likewise
 
     def open(self) -> None:
         """Make the worker thread and the group if `close` gave them back (collective: every
@@ -74,7 +75,9 @@ class BackgroundWriter:
         """Describe `state` and take this rank's data off the device (a copy when asynchronous:
         training goes on changing the originals)."""
         buffers = self._buffers if self.async_save else None
-        return stage(state, copy=self.async_save, buffers=buffers, group=self.group)
+        return stage(
+            state, copy=self.async_save, buffers=buffers, group=self.group, plans=self._plans
+        )
 
     def submit(self, job: Callable[[], None], url: str, step: int) -> None:
         """Run `job` (the write of step `step` to `url`) in the background, or now when

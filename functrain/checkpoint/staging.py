@@ -162,6 +162,7 @@ def stage(
     copy: bool = False,
     buffers: dict[str, torch.Tensor] | None = None,
     group=None,
+    plans: dict | None = None,
 ) -> Staged:
     """Describe every leaf of `state` and take this rank's data to the host.
 
@@ -172,6 +173,9 @@ def stage(
             change before `write` runs, as with an asynchronous save).
         buffers: host buffers from an earlier `stage`, reused when shapes match (filled in).
         group: the process group of the ranks that save together (None: the default group).
+        plans: what earlier stages decided per structure (filled in): a state of the same
+            structure, with plain tensors of the same dtypes and shapes, reuses their
+            descriptions (a performance cache; the step waits for `stage`).
     Returns:
         the `Staged` state.
     """
@@ -186,21 +190,27 @@ def stage(
         )
     staged, seen, nbytes = [], set(), 0
     device_copies: list[torch.Tensor] = []
-    for leaf, path, types in zip(leaves, found.paths, found.key_types):
-        record = layout.LeafRecord(path=path, key_types=types, kind="")
-        layout.check_key(record.key, "saving")
-        if record.key in seen:
-            raise CheckpointError(
-                f"two leaves share the dotted path {record.key!r}; rename a dict key so that "
-                "the joined paths differ"
-            )
-        seen.add(record.key)
-        if isinstance(leaf, torch.Tensor):
-            item = _stage_tensor(leaf, record, rank, copy, buffers, device_copies)
-            nbytes += 0 if item.data is None else item.data.nbytes
+    plan = None if plans is None else plans.get((text, rank, world))
+    new_plan: list[_Known | None] = []
+    for index, (leaf, path, types) in enumerate(zip(leaves, found.paths, found.key_types)):
+        known = None if plan is None else plan[index]
+        if known is not None and known.fits(leaf):  # this structure's keys were checked
+            item = known.stage(leaf, copy, buffers, device_copies)
         else:
-            item = StagedLeaf(_scalar_record(leaf, record))
+            record = layout.LeafRecord(path=path, key_types=types, kind="")
+            if plan is None:
+                _check_new_key(record.key, seen)
+            if isinstance(leaf, torch.Tensor):
+                item = _stage_tensor(leaf, record, rank, copy, buffers, device_copies)
+            else:
+                item = StagedLeaf(_scalar_record(leaf, record))
+        if item.data is not None:
+            nbytes += item.data.nbytes
         staged.append(item)
+        if plans is not None:
+            new_plan.append(known or _Known.of(leaf, item))
+    if plans is not None:
+        plans[(text, rank, world)] = new_plan
     if device_copies and torch.cuda.is_available():
         torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
     timestamp = getattr(state, "timestamp", None)
@@ -217,6 +227,47 @@ def stage(
         nbytes=nbytes,
         empty_nodes=list(found.empty_nodes) if rank == 0 else [],
     )
+
+
+def _check_new_key(key: str, seen: set[str]) -> None:
+    layout.check_key(key, "saving")
+    if key in seen:
+        raise CheckpointError(
+            f"two leaves share the dotted path {key!r}; rename a dict key so that the joined "
+            "paths differ"
+        )
+    seen.add(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Known:
+    """A plain tensor leaf as an earlier stage described it: its record (never modified after
+    staging, so shared between saves), the dtype and shape it was made for, and its region."""
+
+    record: layout.LeafRecord
+    dtype: torch.dtype
+    shape: torch.Size
+    region: tuple[slice, ...] | None
+
+    @classmethod
+    def of(cls, leaf: Any, item: StagedLeaf) -> _Known | None:
+        if type(leaf) not in (torch.Tensor, torch.nn.Parameter):  # DTensors: decided per save
+            return None
+        return cls(item.record, leaf.dtype, leaf.shape, item.region)
+
+    def fits(self, leaf: Any) -> bool:
+        return (
+            type(leaf) in (torch.Tensor, torch.nn.Parameter)
+            and leaf.dtype is self.dtype
+            and leaf.shape == self.shape
+            and not leaf.is_meta
+        )
+
+    def stage(self, leaf: torch.Tensor, copy: bool, buffers, device_copies) -> StagedLeaf:
+        if self.region is None:  # another rank writes it
+            return StagedLeaf(self.record)
+        host = _to_host(leaf.detach(), self.record.key, copy, buffers, device_copies)
+        return StagedLeaf(self.record, self.region, to_numpy(host))
 
 
 def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:

@@ -97,3 +97,32 @@ def test_staging_buffers_are_reused():
     first = {k: v.data_ptr() for k, v in buffers.items()}
     staging.stage(state, copy=True, buffers=buffers)
     assert first == {k: v.data_ptr() for k, v in buffers.items()} and first
+
+
+def _described(staged) -> list:
+    return [
+        (i.record.to_json(), i.region, None if i.data is None else i.data.tobytes())
+        for i in staged.leaves
+    ]
+
+
+def test_a_known_structure_stages_exactly_as_a_new_one():
+    """`plans` reuses the descriptions of plain tensors of an earlier stage of the same
+    structure: the result equals a stage without it, scalars are read afresh, and a tensor of
+    another shape or dtype is described anew."""
+    state = make_state()
+    plans: dict = {}
+    staging.stage(state, copy=True, buffers={}, plans=plans)
+    later = state.replace(step=state.step + 7)
+    later.params["fc.weight"].add_(1.0)
+    reused = staging.stage(later, copy=True, buffers={}, plans=plans)
+    assert _described(reused) == _described(staging.stage(later, copy=True, buffers={}))
+    step = next(i for i in reused.leaves if i.record.key == "step")
+    assert step.record.value == state.step + 7
+    params = dict(later.params)
+    params["fc.weight"] = torch.zeros(5, 2, dtype=torch.float64)  # another shape and dtype
+    changed = later.replace(params=params)
+    restaged = staging.stage(changed, copy=True, buffers={}, plans=plans)
+    weight = next(i for i in restaged.leaves if i.record.key == "params.fc.weight")
+    assert weight.record.shape == (5, 2) and weight.data.dtype == np.float64
+    assert _described(restaged) == _described(staging.stage(changed, copy=True, buffers={}))
