@@ -25,6 +25,7 @@ import numpy as np
 import optree
 import torch
 
+from .. import _torch
 from .._lazy import is_dtensor
 from ..tree import NAMESPACE, key_to_str
 from . import layout
@@ -189,19 +190,19 @@ def stage(
             "{'name': tensor}"
         )
     staged, seen, nbytes = [], set(), 0
-    device_copies: list[torch.Tensor] = []
+    copies = _Copies()
     plan = None if plans is None else plans.get((text, rank, world))
     new_plan: list[_Known | None] = []
     for index, (leaf, path, types) in enumerate(zip(leaves, found.paths, found.key_types)):
         known = None if plan is None else plan[index]
         if known is not None and known.fits(leaf):  # this structure's keys were checked
-            item = known.stage(leaf, copy, buffers, device_copies)
+            item = known.stage(leaf, copy, buffers, copies)
         else:
             record = layout.LeafRecord(path=path, key_types=types, kind="")
             if plan is None:
                 _check_new_key(record.key, seen)
             if isinstance(leaf, torch.Tensor):
-                item = _stage_tensor(leaf, record, rank, copy, buffers, device_copies)
+                item = _stage_tensor(leaf, record, rank, copy, buffers, copies)
             else:
                 item = StagedLeaf(_scalar_record(leaf, record))
         if item.data is not None:
@@ -211,8 +212,7 @@ def stage(
             new_plan.append(known or _Known.of(leaf, item))
     if plans is not None:
         plans[(text, rank, world)] = new_plan
-    if device_copies and torch.cuda.is_available():
-        torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
+    copies.finish()
     timestamp = getattr(state, "timestamp", None)
     if dataclasses.is_dataclass(timestamp) and not isinstance(timestamp, type):
         timestamp = dataclasses.asdict(timestamp)
@@ -263,10 +263,10 @@ class _Known:
             and not leaf.is_meta
         )
 
-    def stage(self, leaf: torch.Tensor, copy: bool, buffers, device_copies) -> StagedLeaf:
+    def stage(self, leaf: torch.Tensor, copy: bool, buffers, copies: _Copies) -> StagedLeaf:
         if self.region is None:  # another rank writes it
             return StagedLeaf(self.record)
-        host = _to_host(leaf.detach(), self.record.key, copy, buffers, device_copies)
+        host = _to_host(leaf.detach(), self.record.key, copy, buffers, copies)
         return StagedLeaf(self.record, self.region, to_numpy(host))
 
 
@@ -288,7 +288,7 @@ def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:
     return record
 
 
-def _stage_tensor(tensor, record, rank, copy, buffers, device_copies) -> StagedLeaf:
+def _stage_tensor(tensor, record, rank, copy, buffers, copies: _Copies) -> StagedLeaf:
     where = f"leaf {record.key!r}"
     if tensor.device.type == "meta":
         raise CheckpointError(f"{where} is a meta tensor (no data); materialize it before saving")
@@ -315,7 +315,7 @@ def _stage_tensor(tensor, record, rank, copy, buffers, device_copies) -> StagedL
         local = tensor if writes else None
     if local is None:
         return StagedLeaf(record)
-    host = _to_host(local.detach(), record.key, copy, buffers, device_copies)
+    host = _to_host(local.detach(), record.key, copy, buffers, copies)
     region = tuple(slice(o, o + s) for o, s in zip(offset, shape))
     return StagedLeaf(record, region, to_numpy(host))
 
@@ -343,7 +343,8 @@ def _without_partial(dtensor):
     return dtensor
 
 
-def _to_host(tensor, key, copy, buffers, device_copies) -> torch.Tensor:
+def _to_host(tensor, key, copy, buffers, copies: _Copies) -> torch.Tensor:
+    """`tensor` in host memory: itself, or the buffer it is copied into (`copies` runs it)."""
     on_host = tensor.device.type == "cpu"
     if on_host and not copy:
         return tensor
@@ -354,11 +355,26 @@ def _to_host(tensor, key, copy, buffers, device_copies) -> torch.Tensor:
         if buffers is not None:
             buffers[key] = buffer
     if on_host:
-        # torch's copy_, on the intra-op threads the step just used (they are still awake):
-        # measured against one thread of np.copyto (0.65x its time) and against copies on
-        # threads of our own, which contend with torch's spinning ones (`bench checkpoint`).
-        buffer.copy_(tensor)
+        copies.host.append((buffer, tensor))
     else:
         buffer.copy_(tensor, non_blocking=True)
-        device_copies.append(key)
+        copies.device += 1
     return buffer
+
+
+@dataclasses.dataclass
+class _Copies:
+    """The copies of one stage: device-to-host copies start at once (non-blocking, pinned);
+    host copies run together at the end, as one foreach copy: torch's copy on the intra-op
+    threads the step just used (they are still awake; copies on threads of our own contend with
+    them), with one call's overhead for all leaves. The state is not read after `finish`."""
+
+    host: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)
+    device: int = 0
+
+    def finish(self) -> None:
+        if self.host:
+            buffers, tensors = zip(*self.host)
+            _torch.foreach_copy_(list(buffers), list(tensors))
+        if self.device and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
