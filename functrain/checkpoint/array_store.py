@@ -65,9 +65,10 @@ def array_kvstore(loc: storage.Location, key: str, consolidated: bool) -> dict:
 
 def write_all(
     loc: storage.Location, files: dict[str, bytes], arrays: list[tuple[str, dict, tuple, Any]]
-) -> None:
+) -> Any:
     """Write `{name: bytes}` and every array into the OCDBT database of `loc` as one transaction
-    (no fsync: the writer syncs), raising the first failure.
+    (no fsync: the writer syncs); returns the transaction's commit, still running (its
+    `.result()` raises the first failure), so the caller may prepare its own files meanwhile.
 
     Opening a zarr3 array costs ~100 us of work per leaf, the most of a small save. So arrays
     that are one whole chunk (every array of a small single-rank state) are encoded here, byte
@@ -79,7 +80,8 @@ def write_all(
         files: `{name: bytes}` written as they are (every array's zarr.json).
         arrays: `(key, zarr.json's content, region, data)` per array.
     Example:
-        >>> write_all(loc, {"w/zarr.json": raw}, [("w", metadata, (), np.zeros(3, np.float32))])
+        >>> done = write_all(loc, {"w/zarr.json": raw}, [("w", metadata, (), np.zeros(3, "f4"))])
+        >>> done.result()
     """
     txn = ts.Transaction()
     store = ts.KvStore.open(database(loc), context=storage.CONTEXT).result()
@@ -101,7 +103,7 @@ def write_all(
         writes.append(store.with_transaction(txn).write(name, chunk))
     for future in writes:
         future.result()
-    txn.commit_async().result()
+    return txn.commit_async()
 
 
 def _encoded_chunks(groups: list[tuple[dict, list]]) -> list[tuple[str, bytes]]:

@@ -153,19 +153,25 @@ def write(
     scalar_arrays: set[str] = set()
     files: dict[str, str] = {}  # digests of the metadata files, for COMMIT.json
     consolidated = array_store.consolidates(staged.world_size, staged.nbytes, work)
+    running: list = []  # a consolidated save's transaction, committing while rank 0 goes on
     phase(
-        lambda: _write_arrays(staged, work, scalar_arrays, files, consolidated),
+        lambda: _write_arrays(staged, work, scalar_arrays, files, consolidated, running),
         group,
         "writing",
         loc.url,
     )
 
     def commit():
-        if rank == 0:
-            done = (started, consolidated)
-            _commit(staged, work, scalar_arrays, done, files, owner, before_commit, metrics)
-            if loc.is_local:
-                _move_into_place(work, loc)
+        try:
+            if rank == 0:
+                done = (started, consolidated, lambda: _wait(running, work.url))
+                _commit(staged, work, scalar_arrays, done, files, owner, before_commit, metrics)
+                if loc.is_local:
+                    _move_into_place(work, loc)
+        except BaseException:
+            _wait(running, work.url, quiet=True)  # never left running past a failed save
+            raise
+        _wait(running, work.url)
 
     phase(commit, group, "committing", loc.url)
     return loc.url
@@ -177,10 +183,13 @@ def _write_arrays(
     scalar_arrays: set[str],
     files: dict[str, str],
     consolidated: bool,
+    running: list,
 ) -> None:
     """Write this rank's shards; rank 0 also writes every zarr.json (digests into `files`).
     Every file of the other ranks is durable on return (one flush for all of them, not one per
-    file); rank 0's are made durable with its root files, by the one flush before the commit."""
+    file); rank 0's are made durable with its root files, by the one flush before the commit.
+    A consolidated save's transaction is left committing in `running` (`_wait` ends it): rank
+    0 prepares the metadata files meanwhile."""
     unsynced = _unsynced(work)
     arrays = []  # (record, data item) of every array this rank opens
     for item in staged.leaves:
@@ -215,7 +224,8 @@ def _write_arrays(
         files.update({name: layout.digest(data) for name, data in metadata.items()})
     if consolidated:  # a single rank: rank 0 writes everything, in one transaction
         items = [(r.key, as_json[r.key], i.region, i.data) for r, i in arrays if i.data is not None]
-        _result_of(lambda: array_store.write_all(unsynced, metadata, items), work.url, "writing")
+        start = lambda: running.append(array_store.write_all(unsynced, metadata, items))  # noqa: E731
+        _result_of(start, work.url, "writing")
         return
     if metadata:
         _result_of(lambda: storage.write_many(unsynced, metadata), work.url, "writing metadata of")
@@ -257,6 +267,18 @@ def _result_of(fn: Callable[[], None], url: str, what: str) -> None:
         ) from err
 
 
+def _wait(running: list, url: str, quiet: bool = False) -> None:
+    """Wait for the transactions in `running` (emptied), raising the first failure unless
+    `quiet` (a save that already failed reports its own error)."""
+    while running:
+        future = running.pop()
+        try:
+            _result(future, url, "writing")
+        except CheckpointError:
+            if not quiet:
+                raise
+
+
 def _result(future, url: str, what: str):
     try:
         return future.result()
@@ -270,13 +292,14 @@ def _commit(
     staged: Staged,
     work: storage.Location,
     scalar_arrays: set[str],
-    done: tuple[float, bool],
+    done: tuple[float, bool, Callable[[], None]],
     files: dict[str, str],
     owner: dict | None,
     before_commit: Callable[[], None] | None,
     metrics: dict[str, float] | None = None,
 ) -> None:
-    started, consolidated = done  # when the save began; whether its arrays are in OCDBT
+    # when the save began; whether its arrays are in OCDBT; waits until they are written
+    started, consolidated, arrays_written = done
     records = [item.record for item in staged.leaves]
     tree_bytes = layout.dump_json(layout.tree_description(records, staged.treedef, staged.step))
     metadata = {layout.TREE_FILE: tree_bytes}
@@ -319,6 +342,7 @@ def _commit(
     if before_commit is not None:
         before_commit()
     marker = layout.dump_json(commit)
+    arrays_written()  # the metadata above was prepared while the arrays were written
     if not work.is_local:
         storage.write_bytes(work, layout.COMMIT_FILE, marker)  # last: the marker commits
         return

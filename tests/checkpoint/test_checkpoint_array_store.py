@@ -71,7 +71,7 @@ def test_the_stacked_encoding_writes_the_bytes_of_one_array_per_leaf(
     items = [
         (r.key, verify.array_metadata(r), tuple(slice(0, s) for s in r.shape), d) for r, d in built
     ]
-    array_store.write_all(fast, files, items)
+    array_store.write_all(fast, files, items).result()
     _write_each_leaf(slow, built)
     assert _contents(fast) == _contents(slow)
 
@@ -81,7 +81,7 @@ def test_a_zero_d_leaf_and_a_two_d_leaf_of_one_dtype_keep_their_own_chunk_keys(t
     loc = storage.resolve(str(tmp_path / "c"))
     storage.make_dir(loc)
     items = [(r.key, verify.array_metadata(r), (), d) for r, d in built]
-    array_store.write_all(loc, {}, items)
+    array_store.write_all(loc, {}, items).result()
     contents = _contents(loc)
     assert set(contents) == {b"s/c", b"m/c/0/0"}
     assert contents[b"m/c/0/0"][:-4] == built[1][1].tobytes()  # the raw bytes, then a crc32c

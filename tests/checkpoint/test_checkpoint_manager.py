@@ -260,9 +260,11 @@ _KILLED_SAVER = textwrap.dedent(
     writer._result = slow_result
     write_all = array_store.write_all
     def slow_write_all(*args):  # a consolidated save: stall once its arrays are written
-        write_all(*args)
+        committing = write_all(*args)
+        committing.result()
         print("midway", flush=True)
         time.sleep(60)
+        return committing
     array_store.write_all = slow_write_all
     manager.save(state(2, 40))
     manager.wait()
