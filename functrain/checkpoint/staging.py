@@ -239,15 +239,18 @@ def _check_new_key(key: str, seen: set[str]) -> None:
     seen.add(key)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Known:
     """A plain tensor leaf as an earlier stage described it: its record (never modified after
-    staging, so shared between saves), the dtype and shape it was made for, and its region."""
+    staging, so shared between saves), the dtype and shape it was made for, its region, and
+    the host buffer a copying stage put it in, with that buffer's numpy view."""
 
     record: layout.LeafRecord
     dtype: torch.dtype
     shape: torch.Size
     region: tuple[slice, ...] | None
+    buffer: torch.Tensor | None = None
+    array: np.ndarray | None = None
 
     @classmethod
     def of(cls, leaf: Any, item: StagedLeaf) -> _Known | None:
@@ -266,8 +269,15 @@ class _Known:
     def stage(self, leaf: torch.Tensor, copy: bool, buffers, copies: _Copies) -> StagedLeaf:
         if self.region is None:  # another rank writes it
             return StagedLeaf(self.record)
-        host = _to_host(leaf.detach(), self.record.key, copy, buffers, copies)
-        return StagedLeaf(self.record, self.region, to_numpy(host))
+        key, buffer = self.record.key, self.buffer
+        if buffer is not None and copy and leaf.is_cpu and buffers.get(key) is buffer:
+            copies.host.append((buffer, leaf))  # into the buffer of the save before
+            return StagedLeaf(self.record, self.region, self.array)
+        host = _to_host(leaf.detach(), key, copy, buffers, copies)
+        array = to_numpy(host)
+        if copy and buffers is not None and buffers.get(key) is host and leaf.is_cpu:
+            self.buffer, self.array = host, array
+        return StagedLeaf(self.record, self.region, array)
 
 
 def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:
@@ -375,6 +385,7 @@ class _Copies:
     def finish(self) -> None:
         if self.host:
             buffers, tensors = zip(*self.host)
-            _torch.foreach_copy_(list(buffers), list(tensors))
+            with torch.no_grad():  # tensors that require grad are copied as values
+                _torch.foreach_copy_(list(buffers), list(tensors))
         if self.device and torch.cuda.is_available():
             torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
