@@ -189,7 +189,9 @@ def stage(
             "save expects a pytree such as a TrainState or a dict; wrap a lone tensor as "
             "{'name': tensor}"
         )
-    staged, seen, nbytes = [], set(), 0
+    staged: list[StagedLeaf] = []
+    seen: set[str] = set()
+    nbytes = 0
     copies = _Copies()
     plan = None if plans is None else plans.get((text, rank, world))
     new_plan: list[_Known | None] = []
