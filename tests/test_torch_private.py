@@ -150,7 +150,12 @@ CUT = textwrap.dedent(
         assert cut.to_local().data_ptr() != full.data_ptr()   # its own storage, as scattered
     grad = _torch.cut_from_every_rank(full.requires_grad_(), mesh, [Shard(0)])
     assert grad.requires_grad and grad.is_leaf
-    dist.destroy_process_group()
+    # functrain's teardown, not dist.destroy_process_group(): DTensor's redistribution imports
+    # torch.distributed.nn.functional, whose defaults bind the group, and its gloo threads could
+    # then outlive it into interpreter exit and abort ("terminate called without an active
+    # exception", seen once in a full run on a loaded machine)
+    from functrain import parallel
+    parallel.shutdown()
     print("cut ok", rank)
     """
 )
