@@ -56,8 +56,6 @@ __all__ = ["FitRun", "StepError"]
 
 # Step metrics that are not measurements: kept out of the "train/" logs.
 _NOT_LOGGED = ("samples", "tokens", "outputs", "targets")
-# Durations whose horizon is estimated from the first batches' counts.
-_COUNTED_UNITS = (TimeUnit.SAMPLE, TimeUnit.TOKEN)
 
 
 class StepError(RuntimeError):
@@ -175,17 +173,16 @@ class FitRun:
                 trained = True
                 self._train_batch(batch)
                 # the step boundary: every decision below follows it
-                self._apply(self.boundaries.at(self.state.timestamp.batch))
-                ts = self.state.timestamp
+                self._apply(self.boundaries.at(self._batch()))
+                ts = self.timestamp
                 if bool(ts.batches_per_epoch) and ts.batch_in_epoch >= ts.batches_per_epoch:
                     break  # the last batch of the epoch: _end_epoch saves and stops
                 if self.checkpoints is not None and self.checkpoints.should_save(ts):
                     self._checkpoint(scheduled=True)
-                    ts = self.state.timestamp
-                if self.boundary.stop or run_finished(self.options.duration, ts):
+                if self.boundary.stop or self._done():
                     epoch_complete = False  # the final checkpoint is written in run()
                     break
-                self.boundaries.after(ts.batch)
+                self.boundaries.after(self._batch())
             if seen == 0 and start == 0:
                 raise ValueError(
                     f"train_data yielded no batch in epoch {epoch}: it is empty, or a one-shot "
@@ -215,12 +212,10 @@ class FitRun:
                 f"{error}. Check that loss_fn(model, batch) can consume this batch."
             ) from error
         self.state = self.adapter.after_step(self.state, output, metrics, batch)
-        if self.options.duration.unit in _COUNTED_UNITS:
-            self._estimate_horizon()
+        self._estimate_horizon()
         ctx.metrics = metrics
-        if self.options.train_metrics:
-            update_train_metrics(self.options, metrics, batch)
-        ts = self.state.timestamp
+        update_train_metrics(self.options, metrics, batch)
+        ts = self.timestamp
         if self.log_every.at_batch_end(ts):
             self._log_train(metrics, ts.batch)
         self._emit(Event.BATCH_END)
@@ -271,7 +266,7 @@ class FitRun:
         if boundary.stop is not StopKind.NONE:
             pending = self.signals.pending
             self.ctx.stop_reason = stop_reason_for(boundary, pending, self.ctx.stop_reason)
-        ts = self.state.timestamp.replace(elapsed_sec=boundary.elapsed_sec)
+        ts = self.timestamp.replace(elapsed_sec=boundary.elapsed_sec)
         self.state = self.adapter.with_timestamp(self.state, ts)
 
     # -- the state and its horizon -------------------------------------------------------------
@@ -390,6 +385,5 @@ class FitRun:
         )
 
     def _emit(self, event: Event) -> None:
-        if self.beat.path is not None:  # under the launcher's watchdog
-            self.beat.beat(event, self.state.timestamp.batch)
+        self.beat.beat(event, self._batch())
         dispatch(event, self.callbacks, self.ctx)
