@@ -241,6 +241,9 @@ def _check_new_key(key: str, seen: set[str]) -> None:
     seen.add(key)
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not DTensors: those are decided per save
+
+
 @dataclasses.dataclass
 class _Known:
     """A plain tensor leaf as an earlier stage described it: its record (never modified after
@@ -256,13 +259,13 @@ class _Known:
 
     @classmethod
     def of(cls, leaf: Any, item: StagedLeaf) -> _Known | None:
-        if type(leaf) not in (torch.Tensor, torch.nn.Parameter):  # DTensors: decided per save
+        if type(leaf) not in _PLAIN_TENSORS:  # DTensors: decided per save
             return None
         return cls(item.record, leaf.dtype, leaf.shape, item.region)
 
     def fits(self, leaf: Any) -> bool:
         return (
-            type(leaf) in (torch.Tensor, torch.nn.Parameter)
+            type(leaf) in _PLAIN_TENSORS
             and leaf.dtype is self.dtype
             and leaf.shape == self.shape
             and not leaf.is_meta

@@ -168,10 +168,9 @@ def write(
                 _commit(staged, work, scalar_arrays, done, files, owner, before_commit, metrics)
                 if loc.is_local:
                     _move_into_place(work, loc)
-        except BaseException:
+        except BaseException:  # (a commit that went through waited for it before its marker)
             _wait(running, work.url, quiet=True)  # never left running past a failed save
             raise
-        _wait(running, work.url)
 
     phase(commit, group, "committing", loc.url)
     return loc.url

@@ -121,23 +121,22 @@ def _build(opt_state: Any, plain: bool) -> StatePlan:
 def _reader(accessor: Any) -> Callable[[Any], Any]:
     if accessor is None:
         return lambda tree: None
-    path = _getters(accessor)
+    walk = _path_reader(accessor)
 
     def read(tree: Any) -> Any:
         try:
-            for get in path:
-                tree = get(tree)
-            return tree
+            return walk(tree)
         except _LOOKUP_ERRORS:  # another structure: not this plan's
             return None
 
     return read
 
 
-def _getters(accessor: Any) -> tuple[Callable[[Any], Any], ...]:
-    """An optree accessor as C-level getters, one per entry: the same reads, without a Python
-    frame per entry (this runs on every step). Entries of other kinds stay as they are."""
-    return tuple(
+def _path_reader(accessor: Any) -> Callable[[Any], Any]:
+    """`accessor(tree)` for an optree accessor, through C-level getters, one per entry: the same
+    reads without a Python frame per entry (this runs on every step). Entries of other kinds
+    are called as they are."""
+    getters = tuple(
         operator.itemgetter(entry.entry)
         if isinstance(entry, optree.GetItemEntry)
         else operator.attrgetter(entry.name)  # a dotted name reads attribute by attribute
@@ -145,6 +144,13 @@ def _getters(accessor: Any) -> tuple[Callable[[Any], Any], ...]:
         else entry
         for entry in accessor
     )
+
+    def walk(tree: Any) -> Any:
+        for get in getters:
+            tree = get(tree)
+        return tree
+
+    return walk
 
 
 def _lr_reader(opt_state: Any, accessors: list, leaves: list) -> Callable[[Any], float | None]:
@@ -160,14 +166,11 @@ def _lr_reader(opt_state: Any, accessors: list, leaves: list) -> Callable[[Any],
 
 
 def _fallback_reader(accessor: Any) -> Callable[[Any], float | None]:
-    path = _getters(accessor)
+    walk = _path_reader(accessor)
 
     def read_lr(opt_state: Any) -> float | None:
         try:
-            value = opt_state
-            for get in path:
-                value = get(value)
-            return float(value)
+            return float(walk(opt_state))
         except _LOOKUP_ERRORS:
             return current_lr(opt_state)
 
