@@ -60,14 +60,16 @@ class BackgroundWriter:
     def open(self) -> None:
         """Make the worker thread and the group if `close` gave them back (collective: every
         rank calls it together, as every rank saves and restores together)."""
+        made = False  # (a save opens it every time: usually there is nothing to make)
         if self._wants_group and not self._own_group:
             self.group = torch.distributed.new_group(backend="gloo")
-            self._own_group = True
+            self._own_group = made = True
         if self.async_save and self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="functrain-checkpoint"
             )
-        if self._own_group or self._executor is not None:
+            made = True
+        if made:
             atexit.unregister(self._close_at_exit)  # once, however often it is opened
             atexit.register(self._close_at_exit)
 

@@ -43,7 +43,7 @@ from .leaves import (
     scalar_value,
     to_tensor,
 )
-from .staging import leaf_paths
+from .structure import leaf_paths
 
 WEIGHT_FIELDS = ("params", "buffers")
 MAX_ARRAY_METADATA_BYTES = 2**20  # a zarr.json is a few hundred bytes

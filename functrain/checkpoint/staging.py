@@ -5,7 +5,9 @@ The first of a save's two steps (see `writer`), and the only one that has to blo
 DTensor its mesh and placements) and copies the region this rank writes off the device: each shard
 once, replicas only on the rank that owns them. For an asynchronous save the copies go into host
 buffers kept from one save to the next (pinned for device tensors, so the copy does not stall),
-because the step may update the state in place while the write is still running.
+because the step may update the state in place while the write is still running. Copies off a
+CUDA device are queued on its stream and not waited for: the writer waits
+(`Staged.wait_for_copies`), the step's next kernels run after them.
 
 Example:
     >>> buffers = {}  # kept by the caller: the next save reuses them
@@ -27,11 +29,12 @@ import torch
 
 from .. import _torch
 from .._lazy import is_dtensor
-from ..tree import NAMESPACE, key_to_str
+from ..tree import NAMESPACE
 from . import layout
 from .dtypes import to_numpy, zarr_name
 from .errors import CheckpointError
 from .sharding import chunk_shape, local_region, shard_boxes
+from .structure import of_treedef
 
 
 @dataclasses.dataclass
@@ -55,6 +58,17 @@ class Staged:
     world_size: int
     nbytes: int  # bytes of tensor data this rank writes
     empty_nodes: list = dataclasses.field(default_factory=list)  # for orbax: (path, types, kind)
+    landed: list = dataclasses.field(default_factory=list)  # CUDA events of the copies (below)
+
+    def wait_for_copies(self) -> None:
+        """Block until the device-to-host copies of `stage` are in the host buffers.
+
+        They run on the devices' current streams, ordered before whatever the step does next
+        (an in-place update waits for them on the device, not on the host), so `stage` does not
+        wait for them: the writer calls this before it reads a buffer.
+        """
+        for event in self.landed:
+            event.synchronize()
 
 
 def dist_info(group=None) -> tuple[int, int]:
@@ -62,99 +76,6 @@ def dist_info(group=None) -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
     return 0, 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Structure:
-    """What a save needs of a pytree's structure, independent of its leaves' values.
-
-    Attributes:
-        paths: every leaf's path as strings, in flatten order.
-        key_types: orbax's key type per path entry (`layout.KEY_SEQUENCE`/`KEY_MAPPING`).
-        empty_nodes: `(path, key_types, kind)` of the empty containers (see `empty_nodes`).
-    """
-
-    paths: tuple[tuple[str, ...], ...]
-    key_types: tuple[tuple[int, ...], ...]
-    empty_nodes: tuple[tuple[tuple[str, ...], tuple[int, ...], str], ...]
-
-
-def structure(treedef: Any, text: str) -> Structure:
-    """The `Structure` of the pytrees of `treedef` (`text` is `str(treedef)`).
-
-    A function of its arguments only, so it is memoized by them: a run saves one structure over
-    and over, and walking it costs ~10 us per leaf (the text is part of the key because treedefs
-    compare dict keys by value: `{1: x}` equals `{True: x}` but names its leaf "True").
-
-    Example:
-        >>> leaves, treedef = optree.tree_flatten({"a": 1, "b": []}, namespace=NAMESPACE)
-        >>> structure(treedef, str(treedef)).empty_nodes
-        ((('b',), (2,), 'List'),)
-    """
-    try:
-        return _memoized_structure(treedef, text)
-    except TypeError:  # a custom node whose metadata is not hashable: nothing to key a memo by
-        return _walk_structure(treedef)
-
-
-@functools.lru_cache(maxsize=16)
-def _memoized_structure(treedef: Any, text: str) -> Structure:
-    return _walk_structure(treedef)
-
-
-def _walk_structure(treedef: Any) -> Structure:
-    paths, key_types, empty = [], [], []
-    # (spec, entries on the way to it), depth first in flatten order
-    stack: list[tuple[Any, tuple]] = [(treedef, ())]
-    while stack:
-        spec, entries = stack.pop()
-        if spec.is_leaf():
-            paths.append(tuple(key_to_str(e) for e in entries))
-            key_types.append(tuple(_key_type(e) for e in entries))
-            continue
-        if spec.num_children == 0:
-            if entries:  # (an empty root is no entry of anything)
-                path = tuple(key_to_str(e) for e in entries)
-                empty.append((path, tuple(_key_type(e) for e in entries), _empty_kind(spec)))
-            continue
-        children = spec.children()
-        accessors = spec.one_level().accessors()  # one entry per child, of optree's own kinds
-        for child, accessor in reversed(list(zip(children, accessors))):
-            stack.append((child, (*entries, accessor[0])))
-    return Structure(tuple(paths), tuple(key_types), tuple(empty))
-
-
-def _empty_kind(spec) -> str:
-    if spec.kind == optree.PyTreeKind.NONE:
-        return "None"
-    if issubclass(spec.type, tuple):
-        return "Tuple"
-    return "List" if issubclass(spec.type, list) else "Dict"
-
-
-def leaf_paths(tree: Any) -> tuple[list, list[tuple[str, ...]], list[tuple[int, ...]], Any]:
-    """`(leaves, paths, key_types, treedef)` of a pytree, paths as tuples of strings."""
-    leaves, treedef = optree.tree_flatten(tree, namespace=NAMESPACE)
-    found = structure(treedef, str(treedef))
-    return leaves, list(found.paths), list(found.key_types), treedef
-
-
-def empty_nodes(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], str]]:
-    """The empty containers of a pytree (`{}`, `()`, `None`, an empty NamedTuple) by path.
-
-    They hold no leaf, but orbax lists them in `_METADATA`: without them, a sequence whose
-    middle entry is empty (an optimizer chain with a stateless transform) has a hole orbax
-    cannot rebuild.
-    """
-    treedef = optree.tree_structure(tree, namespace=NAMESPACE)
-    return list(structure(treedef, str(treedef)).empty_nodes)
-
-
-def _key_type(entry) -> int:
-    named = (optree.NamedTupleEntry, optree.StructSequenceEntry)
-    if isinstance(entry, optree.SequenceEntry) and not isinstance(entry, named):
-        return layout.KEY_SEQUENCE
-    return layout.KEY_MAPPING
 
 
 def stage(
@@ -182,8 +103,7 @@ def stage(
     """
     rank, world = dist_info(group)
     leaves, treedef = optree.tree_flatten(state, namespace=NAMESPACE)
-    text = str(treedef)
-    found = structure(treedef, text)  # the one walk of the tree's structure in a save
+    found, text = of_treedef(treedef)  # memoized: a known structure is not walked again
     if treedef.num_nodes == 1 and leaves:
         raise CheckpointError(
             "save expects a pytree such as a TrainState or a dict; wrap a lone tensor as "
@@ -214,21 +134,30 @@ def stage(
             new_plan.append(known or _Known.of(leaf, item))
     if plans is not None:
         plans[(text, rank, world)] = new_plan
-    copies.finish()
-    timestamp = getattr(state, "timestamp", None)
-    if dataclasses.is_dataclass(timestamp) and not isinstance(timestamp, type):
-        timestamp = dataclasses.asdict(timestamp)
+    landed = copies.finish()
     step = getattr(state, "step", None)
     return Staged(
         leaves=staged,
         treedef=text,
         step=int(step) if isinstance(step, int) else None,
-        timestamp=timestamp if isinstance(timestamp, dict) else None,
+        timestamp=_as_dict(getattr(state, "timestamp", None)),
         rank=rank,
         world_size=world,
         nbytes=nbytes,
         empty_nodes=list(found.empty_nodes) if rank == 0 else [],
+        landed=landed,
     )
+
+
+def _as_dict(timestamp: Any) -> dict | None:
+    """A dataclass timestamp as a dict (a flat one of plain values, as `Timestamp` is, without
+    `dataclasses.asdict`'s deep copy: ~3 us, not ~20); a dict as is; anything else None."""
+    if dataclasses.is_dataclass(timestamp) and not isinstance(timestamp, type):
+        flat = {f.name: getattr(timestamp, f.name) for f in dataclasses.fields(timestamp)}
+        if all(type(value) in (int, float, bool, str) for value in flat.values()):
+            return flat
+        return dataclasses.asdict(timestamp)
+    return timestamp if isinstance(timestamp, dict) else None
 
 
 def _check_new_key(key: str, seen: set[str]) -> None:
@@ -248,20 +177,25 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not DTensors: those are d
 class _Known:
     """A plain tensor leaf as an earlier stage described it: its record (never modified after
     staging, so shared between saves), the dtype and shape it was made for, its region, and
-    the host buffer a copying stage put it in, with that buffer's numpy view."""
+    once a copying stage put it in a host buffer of its own, that buffer and the `StagedLeaf`
+    that holds the buffer's numpy view (the same object save after save: its data is the
+    buffer, refilled by each copy)."""
 
     record: layout.LeafRecord
     dtype: torch.dtype
     shape: torch.Size
     region: tuple[slice, ...] | None
     buffer: torch.Tensor | None = None
-    array: np.ndarray | None = None
+    item: StagedLeaf | None = None
 
     @classmethod
     def of(cls, leaf: Any, item: StagedLeaf) -> _Known | None:
         if type(leaf) not in _PLAIN_TENSORS:  # DTensors: decided per save
             return None
-        return cls(item.record, leaf.dtype, leaf.shape, item.region)
+        known = cls(item.record, leaf.dtype, leaf.shape, item.region)
+        if item.region is None:  # another rank writes it: nothing changes from save to save
+            known.item = item
+        return known
 
     def fits(self, leaf: Any) -> bool:
         return (
@@ -273,16 +207,16 @@ class _Known:
 
     def stage(self, leaf: torch.Tensor, copy: bool, buffers, copies: _Copies) -> StagedLeaf:
         if self.region is None:  # another rank writes it
-            return StagedLeaf(self.record)
-        key, buffer = self.record.key, self.buffer
-        if buffer is not None and copy and leaf.is_cpu and buffers.get(key) is buffer:
+            return self.item or StagedLeaf(self.record)
+        buffer, kept = self.buffer, self.item
+        if kept is not None and copy and leaf.is_cpu and buffers.get(self.record.key) is buffer:
             copies.host.append((buffer, leaf))  # into the buffer of the save before
-            return StagedLeaf(self.record, self.region, self.array)
-        host = _to_host(leaf.detach(), key, copy, buffers, copies)
-        array = to_numpy(host)
-        if copy and buffers is not None and buffers.get(key) is host and leaf.is_cpu:
-            self.buffer, self.array = host, array
-        return StagedLeaf(self.record, self.region, array)
+            return kept
+        host = _to_host(leaf.detach(), self.record.key, copy, buffers, copies)
+        item = StagedLeaf(self.record, self.region, to_numpy(host))
+        if copy and buffers is not None and buffers.get(self.record.key) is host and leaf.is_cpu:
+            self.buffer, self.item = host, item
+        return item
 
 
 def _scalar_record(value: Any, record: layout.LeafRecord) -> layout.LeafRecord:
@@ -365,32 +299,42 @@ def _to_host(tensor, key, copy, buffers, copies: _Copies) -> torch.Tensor:
         return tensor
     buffer = None if buffers is None else buffers.get(key)
     if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-        pin = not on_host and torch.cuda.is_available()
+        pin = tensor.is_cuda  # a non-blocking copy needs page-locked memory
         buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
         if buffers is not None:
             buffers[key] = buffer
     if on_host:
         copies.host.append((buffer, tensor))
-    else:
-        buffer.copy_(tensor, non_blocking=True)
-        copies.device += 1
+    elif tensor.is_cuda:
+        buffer.copy_(tensor, non_blocking=True)  # on the tensor's stream (see `_Copies`)
+        copies.devices.add(tensor.device)
+    else:  # another accelerator: copied before the step goes on
+        buffer.copy_(tensor)
     return buffer
 
 
 @dataclasses.dataclass
 class _Copies:
-    """The copies of one stage: device-to-host copies start at once (non-blocking, pinned);
-    host copies run together at the end, as one foreach copy: torch's copy on the intra-op
-    threads the step just used (they are still awake; copies on threads of our own contend with
-    them), with one call's overhead for all leaves. The state is not read after `finish`."""
+    """The copies of one stage. Host copies run together at the end, as one foreach copy:
+    torch's copy on the intra-op threads the step just used (they are still awake; copies on
+    threads of our own contend with them), with one call's overhead for all leaves. CUDA
+    copies are queued at once, non-blocking into pinned memory, on each device's current
+    stream: the step's next kernels, an in-place update among them, run after them, so the
+    host does not wait; `finish` records an event behind them for the writer
+    (`Staged.wait_for_copies`). The state's host tensors are not read after `finish`."""
 
     host: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)
-    device: int = 0
+    devices: set = dataclasses.field(default_factory=set)
 
-    def finish(self) -> None:
+    def finish(self) -> list:
+        """Run the host copies; return the events the device copies complete at."""
         if self.host:
             buffers, tensors = zip(*self.host)
             with torch.no_grad():  # tensors that require grad are copied as values
                 _torch.foreach_copy_(list(buffers), list(tensors))
-        if self.device and torch.cuda.is_available():
-            torch.cuda.synchronize()  # the non-blocking device-to-host copies must have landed
+        landed = []
+        for device in self.devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            landed.append(event)
+        return landed

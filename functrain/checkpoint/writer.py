@@ -135,6 +135,7 @@ def write(
             f"{loc.url} already holds a committed checkpoint; pass overwrite=True to replace it "
             "or save under another path"
         )
+    staged.wait_for_copies()  # the device-to-host copies `stage` queued have landed
     work = loc.sibling(loc.name + ".tmp") if loc.is_local else loc
     rank = staged.rank
     started = time.time()

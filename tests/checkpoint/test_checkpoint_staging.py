@@ -2,47 +2,19 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import pytest
 import torch
 from ckpt_helpers import make_state
 
 from functrain import checkpoint
-from functrain.checkpoint import layout, staging, writer
+from functrain.checkpoint import staging, storage, writer
 from functrain.checkpoint.errors import CheckpointError
-
-
-class _Moments(NamedTuple):
-    mu: torch.Tensor
-    nu: tuple
 
 
 def test_writer_does_not_reexport_staging():
     # One home per name: staging is imported from `staging`, not through `writer`.
     assert "stage" not in writer.__all__ and "Staged" not in writer.__all__
-
-
-def test_leaf_paths_name_sequences_and_mappings():
-    tree = {"opt": [_Moments(torch.zeros(1), ()), {"lr": 0.1}], "w": torch.ones(2)}
-    leaves, paths, key_types, _ = staging.leaf_paths(tree)
-    assert paths == [("opt", "0", "mu"), ("opt", "1", "lr"), ("w",)]
-    seq, mapping = layout.KEY_SEQUENCE, layout.KEY_MAPPING
-    # a NamedTuple's fields are looked up by name, like a dict's keys (as orbax does)
-    assert key_types == [(mapping, seq, mapping), (mapping, seq, mapping), (mapping,)]
-    assert leaves[1] == 0.1
-
-
-def test_empty_nodes_are_listed_with_their_kind():
-    tree = {"chain": [{}, (), None, torch.zeros(1)], "m": _Moments(torch.zeros(1), ())}
-    found = {path: kind for path, _, kind in staging.empty_nodes(tree)}
-    assert found == {
-        ("chain", "0"): "Dict",
-        ("chain", "1"): "Tuple",
-        ("chain", "2"): "None",
-        ("m", "nu"): "Tuple",
-    }
 
 
 def test_scalars_are_described_and_carry_no_data():
@@ -126,3 +98,42 @@ def test_a_known_structure_stages_exactly_as_a_new_one():
     weight = next(i for i in restaged.leaves if i.record.key == "params.fc.weight")
     assert weight.record.shape == (5, 2) and weight.data.dtype == np.float64
     assert _described(restaged) == _described(staging.stage(changed, copy=True, buffers={}))
+
+
+def test_a_known_structure_refills_its_own_buffers_save_after_save():
+    # As a manager's saves do: one buffers dict and one plans dict; the state updated in place
+    # between saves. The third save reuses the second's staged leaves, refilled.
+    state = make_state()
+    buffers: dict = {}
+    plans: dict = {}
+    for step in range(3):
+        state.params["fc.weight"].add_(1.0)  # a donating step
+        later = state.replace(step=state.step + step)
+        staged = staging.stage(later, copy=True, buffers=buffers, plans=plans)
+        assert _described(staged) == _described(staging.stage(later, copy=True, buffers={}))
+    weight = next(i for i in staged.leaves if i.record.key == "params.fc.weight")
+    assert np.shares_memory(weight.data, buffers["params.fc.weight"].numpy())
+
+
+class _LateCopy:
+    """Stands for the CUDA event of a device-to-host copy: the copy lands when waited for."""
+
+    def __init__(self, buffer: torch.Tensor, value: torch.Tensor):
+        self.buffer, self.value, self.waited = buffer, value, False
+
+    def synchronize(self) -> None:
+        self.buffer.copy_(self.value)
+        self.waited = True
+
+
+def test_the_writer_reads_the_buffers_only_once_the_device_copies_landed(tmp_path):
+    # `stage` does not wait for the copies it queues on a CUDA stream; `write` does, first.
+    state = {"w": torch.arange(6.0), "step": 3}
+    buffers: dict = {}
+    staged = staging.stage(state, copy=True, buffers=buffers)
+    buffers["w"].zero_()  # the copy has not landed yet
+    late = _LateCopy(buffers["w"], state["w"])
+    staged.landed.append(late)
+    url = writer.write(staged, storage.resolve(tmp_path / "c"))
+    assert late.waited
+    assert torch.equal(checkpoint.load(url, state)["w"], state["w"])

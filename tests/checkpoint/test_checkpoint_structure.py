@@ -4,15 +4,22 @@ walking the tree itself with optree's accessors gives, for any nesting of contai
 from __future__ import annotations
 
 import collections
+from typing import NamedTuple
 
 import optree
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from functrain.checkpoint import layout, staging
+from functrain.checkpoint import layout, structure
 from functrain.tree import NAMESPACE, key_to_str
 
 Pair = collections.namedtuple("Pair", "left right")
+
+
+class _Moments(NamedTuple):
+    mu: torch.Tensor
+    nu: tuple
 
 
 def _reference(tree):
@@ -58,13 +65,47 @@ TREES = st.recursive(
 @given(TREES)
 def test_paths_and_empty_containers_from_the_treedef_are_the_tree_walks(tree):
     paths, types, empty = _reference(tree)
-    leaves, got_paths, got_types, _ = staging.leaf_paths(tree)
+    leaves, got_paths, got_types, _ = structure.leaf_paths(tree)
     assert (got_paths, got_types) == (paths, types)
     assert leaves == optree.tree_leaves(tree, namespace=NAMESPACE)
-    assert staging.empty_nodes(tree) == empty
+    assert structure.empty_nodes(tree) == empty
 
 
 def test_dict_keys_equal_as_values_but_not_as_names_keep_their_own_paths():
     # {1: x} and {True: x} have equal treedefs; their leaves are named "1" and "True".
-    assert staging.leaf_paths({1: 0})[1] == [("1",)]
-    assert staging.leaf_paths({True: 0})[1] == [("True",)]
+    assert structure.leaf_paths({1: 0})[1] == [("1",)]
+    assert structure.leaf_paths({True: 0})[1] == [("True",)]
+    assert structure.leaf_paths({1: 0})[1] == [("1",)]  # after {True: x}'s, still its own
+
+
+def test_a_known_structure_of_string_keys_is_found_by_its_treedef_alone():
+    # A save of a structure seen before skips its text (~70 us); equal treedefs of string keys
+    # and positions name their leaves alike, so the memo by treedef can be trusted for them.
+    tree = {"params": {"w": 1, "b": [2, 3]}, "moments": _Moments(4, ())}
+    first, text = structure.of_treedef(optree.tree_structure(tree, namespace=NAMESPACE))
+    assert first.exact and text == str(optree.tree_structure(tree, namespace=NAMESPACE))
+    again = structure.of_treedef(optree.tree_structure(dict(tree), namespace=NAMESPACE))
+    assert again[0] is first and again[1] == text
+    # a key that is not a string makes the structure inexact: looked up by its text too
+    assert not structure.of_treedef(optree.tree_structure({1: 0}, namespace=NAMESPACE))[0].exact
+
+
+def test_leaf_paths_name_sequences_and_mappings():
+    tree = {"opt": [_Moments(torch.zeros(1), ()), {"lr": 0.1}], "w": torch.ones(2)}
+    leaves, paths, key_types, _ = structure.leaf_paths(tree)
+    assert paths == [("opt", "0", "mu"), ("opt", "1", "lr"), ("w",)]
+    seq, mapping = layout.KEY_SEQUENCE, layout.KEY_MAPPING
+    # a NamedTuple's fields are looked up by name, like a dict's keys (as orbax does)
+    assert key_types == [(mapping, seq, mapping), (mapping, seq, mapping), (mapping,)]
+    assert leaves[1] == 0.1
+
+
+def test_empty_nodes_are_listed_with_their_kind():
+    tree = {"chain": [{}, (), None, torch.zeros(1)], "m": _Moments(torch.zeros(1), ())}
+    found = {path: kind for path, _, kind in structure.empty_nodes(tree)}
+    assert found == {
+        ("chain", "0"): "Dict",
+        ("chain", "1"): "Tuple",
+        ("chain", "2"): "None",
+        ("m", "nu"): "Tuple",
+    }
