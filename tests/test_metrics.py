@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import functrain.parallel
 from functrain.metrics import (
     Accuracy,
     CrossEntropy,
@@ -162,7 +163,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
         with open(out, "w") as f:
             json.dump([m.compute() for m in metrics], f)
     finally:
-        torch.distributed.destroy_process_group()
+        functrain.parallel.shutdown()  # not a bare destroy: see test_torch_private
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+import functrain.parallel
 from functrain import _torch, checkpoint
 from functrain.rng import RngState
 from functrain.state import TrainState
@@ -162,7 +163,7 @@ def run_rank(rank: int, world: int, rendezvous: str, root: str) -> None:
         manager.close()
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        functrain.parallel.shutdown()  # not a bare destroy: see test_torch_private
 
 
 def launch(world: int, rendezvous: str, root: str) -> bool:
