@@ -4,7 +4,8 @@ One TrainState (an MLP with AdamW moments, ~100 MB by default) is saved and load
 variant in turn, interleaved and repeated (the order rotates each repetition so a shared disk's
 drifts hit all variants alike); the table shows median seconds and MB/s, against the disk's raw
 sequential write speed (one file, write + fsync) and read speed. Then the asynchronous save: the
-time `Manager.save` blocks the step, next to the device-to-host copy it must at least make. A
+time `Manager.save` blocks the step, next to copies into preallocated host buffers (on a CPU the
+save makes that copy; from CUDA it only queues it on the stream, so it blocks for less). A
 small state (~0.8 MB in 112 leaves) is saved by functrain, torch.save and DCP, all with fsync:
 there the cost is the number of files. Then a 2 -> 3 rank reshard on gloo against DCP
 (`bench/checkpoint_reshard.py`, its own processes). Last, issue 27's targets as ratios of this
