@@ -117,7 +117,9 @@ def stage(
     new_plan: list[_Known | None] = []
     for index, (leaf, path, types) in enumerate(zip(leaves, found.paths, found.key_types)):
         known = None if plan is None else plan[index]
-        if known is not None and known.fits(leaf):  # this structure's keys were checked
+        if known is not None and not known.fits(leaf):  # another dtype or shape: described anew
+            known = None
+        if known is not None:  # this structure's keys were checked
             item = known.stage(leaf, copy, buffers, copies)
         else:
             record = layout.LeafRecord(path=path, key_types=types, kind="")

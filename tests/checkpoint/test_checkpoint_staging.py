@@ -98,6 +98,10 @@ def test_a_known_structure_stages_exactly_as_a_new_one():
     weight = next(i for i in restaged.leaves if i.record.key == "params.fc.weight")
     assert weight.record.shape == (5, 2) and weight.data.dtype == np.float64
     assert _described(restaged) == _described(staging.stage(changed, copy=True, buffers={}))
+    # and the plan now describes it as it is, so the next save of it is a known leaf again
+    (plan,) = plans.values()
+    known = next(k for k in plan if k is not None and k.record.key == "params.fc.weight")
+    assert known.dtype is torch.float64 and known.shape == (5, 2)
 
 
 def test_a_known_structure_refills_its_own_buffers_save_after_save():
